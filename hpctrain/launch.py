@@ -1,0 +1,50 @@
+"""Launch hpctrain with mpirun on this machine, adding the flags a local run needs.
+
+``python -m hpctrain.launch -np 4 python -m hpctrain info`` runs ``mpirun`` with:
+
+- ``--allow-run-as-root`` when we are root (Open MPI refuses root otherwise; containers and
+  CI run as root);
+- ``--oversubscribe`` when more ranks are asked for than this machine has cores (Open MPI
+  refuses otherwise; the tests run 4 ranks on 2 cores);
+- ``--bind-to none``: with oversubscription, binding would pin several ranks to one core.
+
+On a cluster none of these is needed: launch with ``mpirun`` or ``srun`` directly.
+"""
+
+import os
+import shutil
+import sys
+
+
+def mpirun_command(np, command, *, mpirun="mpirun", extra=()):
+    """The ``mpirun`` argv that runs ``command`` on ``np`` local ranks."""
+    if np < 1:
+        raise ValueError(f"np must be >= 1, got {np}")
+    argv = [mpirun, "-np", str(np)]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        argv.append("--allow-run-as-root")
+    if np > (os.cpu_count() or 1):
+        argv.append("--oversubscribe")
+    argv += ["--bind-to", "none", *extra, *command]
+    return argv
+
+
+def main(argv=None):
+    """``python -m hpctrain.launch -np N [MPIRUN OPTIONS --] COMMAND...``: exec mpirun."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) < 3 or argv[0] not in ("-np", "-n") or not argv[1].isdigit():
+        sys.exit("usage: python -m hpctrain.launch -np N [MPIRUN OPTIONS --] COMMAND...")
+    np, rest = int(argv[1]), argv[2:]
+    extra, command = (rest[:rest.index("--")], rest[rest.index("--") + 1:]) \
+        if "--" in rest else ((), rest)
+    if not command:
+        sys.exit("python -m hpctrain.launch: no command to launch")
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        sys.exit("mpirun not found: install Open MPI (scripts/setup does) or put it on PATH")
+    full = mpirun_command(np, command, mpirun=mpirun, extra=extra)
+    os.execv(mpirun, full)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""Shared test set-up.
+
+Two kinds of tests live here:
+
+- serial tests (no ``mpi`` marker) run under plain pytest; those that need several ranks
+  launch ``mpirun`` themselves through the ``mpirun`` fixture, which kills a launch that
+  outlives its timeout and fails with the command that hung;
+- MPI tests (``tests/mpi``, ``@pytest.mark.mpi``) run *under* mpirun:
+  ``mpirun -np N python -m pytest --with-mpi -m mpi tests/mpi`` (scripts/test does it for
+  N = 1..4). Only rank 0 reports to the terminal; other ranks write next to the JUnit file.
+"""
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from hpctrain.launch import mpirun_command
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    """Under ``--with-mpi``, keep ranks > 0 off the terminal and give each its own JUnit file."""
+    if not config.getoption("with_mpi", default=False):
+        return
+    from mpi4py import MPI
+
+    rank = MPI.COMM_WORLD.Get_rank()
+    if rank == 0:
+        return
+    xml = config.option.xmlpath
+    base = Path(xml).with_suffix("") if xml else REPO / "build" / "test-results" / "mpi"
+    base.parent.mkdir(parents=True, exist_ok=True)
+    config.option.xmlpath = f"{base}-rank{rank}.xml" if xml else None
+    log = open(f"{base}-rank{rank}.log", "w")  # noqa: SIM115 - lives as long as the process
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+
+
+class MpirunHung(AssertionError):
+    """An mpirun launch that did not finish within its timeout (it has been killed)."""
+
+
+@dataclass
+class Launch:
+    """A finished mpirun launch."""
+
+    argv: list
+    returncode: int
+    output: str
+    elapsed: float
+
+
+def launch(np, command, *, timeout, env=None):
+    """Run ``command`` on ``np`` local ranks; raise ``MpirunHung`` if it outlives ``timeout``."""
+    argv = mpirun_command(np, [str(c) for c in command])
+    full_env = {**os.environ, **(env or {})}
+    start = time.monotonic()
+    # A session of its own, so that a hung launch can be killed with everything it started.
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=full_env, start_new_session=True, cwd=REPO)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        output = _kill(proc)
+        raise MpirunHung(f"launch hung: `{shlex.join(argv)}` did not finish within {timeout} s "
+                         f"and was killed. Its output:\n{output[-4000:]}") from None
+    return Launch(argv, proc.returncode, output, time.monotonic() - start)
+
+
+def _kill(proc):
+    # mpirun forwards SIGTERM to its ranks; the group kill catches anything it missed.
+    for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            return proc.communicate(timeout=grace)[0] or ""
+        except subprocess.TimeoutExpired:
+            continue
+    return ""
+
+
+@pytest.fixture
+def mpirun():
+    """``mpirun(np, command, timeout=..., env=...) -> Launch``; a hang raises ``MpirunHung``."""
+    return launch
+
+
+@pytest.fixture
+def hpctrain_cmd():
+    """The command that runs ``python -m hpctrain`` with this interpreter."""
+    return [sys.executable, "-m", "hpctrain"]

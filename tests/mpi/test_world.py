@@ -1,0 +1,43 @@
+"""Run under mpirun: ``mpirun -np N python -m pytest --with-mpi -m mpi tests/mpi``."""
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from hpctrain import info, runtime
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.fixture(scope="module")
+def comm():
+    return MPI.COMM_WORLD
+
+
+def test_launcher_rank_matches_mpi(comm):
+    assert comm.allreduce(runtime.launcher_rank() == comm.rank, op=MPI.LAND)
+
+
+def test_describe_rank_gathers_one_entry_per_rank(comm):
+    ranks = comm.gather(info.describe_rank(comm), root=0)
+    ok = ranks is None or [r["rank"] for r in ranks] == list(range(comm.size))
+    assert comm.allreduce(ok, op=MPI.LAND)
+
+
+def test_mpi4py_allreduce_of_rank_numbers(comm):
+    buf = np.full(5, comm.rank, dtype=np.int64)
+    out = np.empty_like(buf)
+    comm.Allreduce(buf, out)
+    assert (out == comm.size * (comm.size - 1) // 2).all()
+
+
+def test_horovod_runs_over_the_same_world(comm):
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    assert (hvd.size(), hvd.rank()) == (comm.size, comm.rank)
+    assert hvd.mpi_enabled()
+    total = hvd.allreduce(torch.tensor([float(comm.rank), 1.0]), op=hvd.Sum, name="ranks")
+    assert total.tolist() == [comm.size * (comm.size - 1) / 2, float(comm.size)]
+
