@@ -7,7 +7,8 @@ Two kinds of tests live here:
   outlives its timeout and fails with the command that hung;
 - MPI tests (``tests/mpi``, ``@pytest.mark.mpi``) run *under* mpirun:
   ``mpirun -np N python -m pytest --with-mpi -m mpi tests/mpi`` (scripts/test does it for
-  N = 1..4). Only rank 0 reports to the terminal; other ranks write next to the JUnit file.
+  N = 1..4). Each rank writes its own JUnit file; scripts/test keeps ranks > 0 off the
+  terminal (scripts/rank0-output).
 """
 
 import os
@@ -28,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
-    """Under ``--with-mpi``, keep ranks > 0 off the terminal and give each its own JUnit file."""
+    """Under ``--with-mpi``, give every rank > 0 a JUnit file of its own (``...-rankR.xml``)."""
     if not config.getoption("with_mpi", default=False):
         return
     from mpi4py import MPI
@@ -37,12 +38,8 @@ def pytest_configure(config):
     if rank == 0:
         return
     xml = config.option.xmlpath
-    base = Path(xml).with_suffix("") if xml else REPO / "build" / "test-results" / "mpi"
-    base.parent.mkdir(parents=True, exist_ok=True)
-    config.option.xmlpath = f"{base}-rank{rank}.xml" if xml else None
-    log = open(f"{base}-rank{rank}.log", "w")  # noqa: SIM115 - lives as long as the process
-    os.dup2(log.fileno(), 1)
-    os.dup2(log.fileno(), 2)
+    if xml:
+        config.option.xmlpath = f"{Path(xml).with_suffix('')}-rank{rank}.xml"
 
 
 class MpirunHung(AssertionError):
