@@ -5,16 +5,19 @@ import contextlib
 import os
 
 from . import __version__, info
+from .bench import cli as bench
 from .runtime import launcher_rank
 
 #: Subcommand modules, each with ``add_parser(subparsers)``; the order is the help's order.
-SUBCOMMANDS = (info,)
+SUBCOMMANDS = (info, bench)
 
 DESCRIPTION = """\
 Data-parallel training on HPC clusters with MPI and Horovod, and the allreduce algorithms
 to compare. Launch every subcommand under MPI, one process per rank:
 
   mpirun -np 4 python -m hpctrain info        # check the launch: ranks, hosts, libraries
+  mpirun -np 4 python -m hpctrain bench allreduce -e 16M   # compare allreduce algorithms
+  mpirun -np 2 python -m hpctrain bench p2p   # latency and bandwidth between two ranks
   srun --mpi=pmix python -m hpctrain info     # the same inside a Slurm allocation
 
 Without a launcher a subcommand runs as a single rank. If any rank fails, the whole job

@@ -33,7 +33,7 @@ def library_version():
     """The MPI library's own one-line version string, e.g. ``Open MPI v4.1.4, ...``."""
     from mpi4py import MPI
 
-    return MPI.Get_library_version().strip().splitlines()[0].strip()
+    return MPI.Get_library_version().strip("\x00 \n").splitlines()[0].strip()
 
 
 def standard_version():

@@ -1,0 +1,198 @@
+"""``hpctrain bench allreduce``: every algorithm side by side, in the manner of nccl-tests.
+
+For each size, every algorithm is timed on the same buffer in the same run, so ratios between
+algorithms are meaningful even on a shared, noisy machine (absolute times are not).
+
+Timing: ``-w`` warm-up calls, a barrier, then ``-n`` timed calls; each rank's time is the mean
+over the timed calls, and the table shows its min/avg/max over ranks. ``algbw`` is the size
+divided by the *max* time (a collective is done when its last rank is); ``busbw`` is
+``algbw * 2(p-1)/p``, the traffic each rank's link carries in a bandwidth-optimal allreduce,
+comparable across rank counts and against a link's bandwidth. The timed loop runs on zeros
+(stable values, no denormals) with the collectives' argument-agreement check off, so the
+times are the algorithms' own; the correctness pass (``-c 1``) runs with the check on, on
+small integers whose sum is exact in every dtype and in any order, and counts wrong elements.
+"""
+
+import sys
+
+import numpy as np
+import torch
+
+from .. import collectives, faults
+from ..errors import UsageError
+from . import report
+from .sizes import format_size, size_range
+
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+          "float64": torch.float64, "int32": torch.int32, "int64": torch.int64}
+OPS = ("sum", "avg", "min", "max")
+COLUMNS = ("size", "count", "type", "redop", "algo", "time_min_us", "time_avg_us",
+           "time_max_us", "algbw_GBps", "busbw_GBps", "wrong")
+
+
+def default_algos():
+    """Every registered algorithm, Horovod last (its background thread starts on first use)."""
+    names = sorted(collectives.ALGORITHMS, key=lambda name: (name == "horovod", name))
+    return [name for name in names if collectives.ALGORITHMS[name].available()]
+
+
+def run(args, comm):
+    """Run the benchmark; return the number of wrong values over all sizes, algorithms, ranks."""
+    algos = validate(args)
+    dtype = DTYPES[args.dtype]
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    counts = sorted({size // itemsize for size in size_range(args.minbytes, args.maxbytes,
+                                                             args.stepfactor)})
+    device = torch.device(args.device)
+    settings = {"ranks": comm.size, "algos": ",".join(algos), "type": args.dtype,
+                "redop": args.op, "sizes": f"{format_size(args.minbytes)}..."
+                f"{format_size(args.maxbytes)} x{args.stepfactor}", "iters": args.iters,
+                "warmup": args.warmup, "check": args.check, "device": args.device}
+    _print(comm, *report.header_lines("allreduce", settings, comm), *_column_header())
+    rows = []
+    for count in counts:
+        buf = torch.zeros(count, dtype=dtype, device=device)
+        want = expected(count, comm.size, args.op, dtype).to(device) if args.check else None
+        for algo in algos:
+            row = measure(buf, algo, args, comm)
+            row["wrong"] = count_wrong(buf, algo, args, comm, want) if args.check else -1
+            rows.append(row)
+            _print(comm, format_row(row))
+    wrong = sum(max(row["wrong"], 0) for row in rows)
+    _print(comm, *footer_lines(rows, algos, wrong, args.check))
+    if comm.rank == 0:
+        _save(args, settings, rows, wrong)
+    return wrong
+
+
+def validate(args):
+    """The algorithms to run, after checking every option (same verdict on every rank)."""
+    algos = args.algos.split(",") if args.algos else default_algos()
+    unknown = [name for name in algos if name not in collectives.ALGORITHMS]
+    if unknown:
+        raise UsageError(f"unknown algorithm(s) {', '.join(unknown)} in --algos; valid: "
+                         f"{', '.join(sorted(collectives.ALGORITHMS))}")
+    if args.dtype not in DTYPES:
+        raise UsageError(f"unknown type {args.dtype!r} (-d); valid: {', '.join(DTYPES)}")
+    if args.op not in OPS:
+        raise UsageError(f"unknown reduction {args.op!r} (-o); valid: {', '.join(OPS)}")
+    if args.iters < 1 or args.warmup < 0:
+        raise UsageError(f"need -n >= 1 and -w >= 0, got -n {args.iters} -w {args.warmup}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA device is visible to this process")
+    return algos
+
+
+def measure(buf, algo, args, comm):
+    """Time ``-n`` calls of ``algo`` on ``buf`` after ``-w`` warm-up calls; one table row."""
+    from mpi4py import MPI
+
+    buf.zero_()
+    for _ in range(args.warmup):
+        collectives.allreduce(buf, op=args.op, algo=algo, comm=comm, check=False)
+    _sync(buf)
+    comm.Barrier()  # synchronisation point: every rank starts the timed loop together
+    start = MPI.Wtime()
+    for _ in range(args.iters):
+        collectives.allreduce(buf, op=args.op, algo=algo, comm=comm, check=False)
+    _sync(buf)
+    seconds = (MPI.Wtime() - start) / args.iters
+    low, high = comm.allreduce(seconds, op=MPI.MIN), comm.allreduce(seconds, op=MPI.MAX)
+    mean = comm.allreduce(seconds, op=MPI.SUM) / comm.size
+    nbytes = buf.numel() * buf.element_size()
+    algbw = nbytes / high / 1e9 if high > 0 else 0.0
+    return {"size": nbytes, "count": buf.numel(), "type": args.dtype, "redop": args.op,
+            "algo": algo, "time_min_us": low * 1e6, "time_avg_us": mean * 1e6,
+            "time_max_us": high * 1e6, "algbw_GBps": algbw,
+            "busbw_GBps": algbw * bus_factor(comm.size)}
+
+
+def bus_factor(ranks):
+    """nccl-tests' bus-bandwidth factor for allreduce: 2(p-1)/p."""
+    return 2 * (ranks - 1) / ranks
+
+
+def check_input(count, rank, dtype, device="cpu"):
+    """Rank ``rank``'s correctness input: integers in [-3, 3], exact in every dtype."""
+    index = torch.arange(count, dtype=torch.int64, device=device)
+    return ((index + 3 * rank) % 7 - 3).to(dtype)
+
+
+def expected(count, ranks, op, dtype):
+    """The exact result of reducing every rank's ``check_input`` with ``op``, in ``dtype``."""
+    acc = check_input(count, 0, torch.float64)
+    for rank in range(1, ranks):
+        other = check_input(count, rank, torch.float64)
+        acc = {"sum": torch.add, "avg": torch.add, "min": torch.minimum,
+               "max": torch.maximum}[op](acc, other)
+    if op == "avg":
+        acc = collectives.average_reference(acc, ranks, dtype)
+    return acc.to(dtype)
+
+
+def count_wrong(buf, algo, args, comm, want):
+    """Elements that differ from ``want`` after one checked call, summed over ranks."""
+    from mpi4py import MPI
+
+    buf.copy_(check_input(buf.numel(), comm.rank, buf.dtype, buf.device))
+    collectives.allreduce(buf, op=args.op, algo=algo, comm=comm, check=True)
+    if buf.numel() and faults.selected("bench.corrupt", comm.rank):
+        buf[0] += 1  # proves that a wrong value is counted and fails the run
+    got, ref = buf.to(torch.float64), want.to(torch.float64)
+    if args.op == "avg" and buf.is_floating_point():
+        # The only rounding is the division by p (sums of these inputs are exact).
+        tolerance = torch.finfo(buf.dtype).eps * ref.abs()
+        bad = int(((got - ref).abs() > tolerance).sum())
+    else:
+        bad = int((got != ref).sum())
+    return comm.allreduce(bad, op=MPI.SUM)
+
+
+def format_row(row):
+    """One line of the table, in nccl-tests' column order."""
+    wrong = "N/A" if row["wrong"] < 0 else row["wrong"]
+    return (f"{row['size']:>12} {row['count']:>11} {row['type']:>8} {row['redop']:>5} "
+            f"{row['algo']:>10} {row['time_min_us']:>10.1f} {row['time_avg_us']:>10.1f} "
+            f"{row['time_max_us']:>10.1f} {row['algbw_GBps']:>7.3f} {row['busbw_GBps']:>7.3f} "
+            f"{wrong:>6}")
+
+
+def _column_header():
+    return ["#",
+            f"# {'size':>10} {'count':>11} {'type':>8} {'redop':>5} {'algo':>10} "
+            f"{'time-min':>10} {'time-avg':>10} {'time-max':>10} {'algbw':>7} {'busbw':>7} "
+            f"{'#wrong':>6}",
+            f"# {'(B)':>10} {'(elements)':>11} {'':>8} {'':>5} {'':>10} {'(us)':>10} "
+            f"{'(us)':>10} {'(us)':>10} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6}"]
+
+
+def footer_lines(rows, algos, wrong, checked):
+    """nccl-tests' footer: wrong-value total, then average bus bandwidth per algorithm."""
+    verdict = "N/A (no check, -c 0)" if not checked else f"{wrong} {'OK' if wrong == 0 else 'FAILED'}"
+    lines = [f"# Out of bounds values : {verdict}", "# Avg bus bandwidth (GB/s):"]
+    for algo in algos:
+        values = [row["busbw_GBps"] for row in rows if row["algo"] == algo]
+        lines.append(f"#   {algo:<12} {np.mean(values) if values else 0.0:.3f}")
+    return lines
+
+
+def _save(args, settings, rows, wrong):
+    document = {"benchmark": "allreduce", "settings": settings,
+                "environment": report.environment(), "columns": list(COLUMNS),
+                "rows": rows, "wrong": wrong}
+    if args.json:
+        report.write_json(args.json, document)
+    if args.hdf5:
+        report.write_hdf5(args.hdf5, "allreduce", rows,
+                          {"settings": settings, "environment": document["environment"]})
+
+
+def _sync(buf):
+    if buf.is_cuda:
+        torch.cuda.synchronize(buf.device)
+
+
+def _print(comm, *lines):
+    if comm.rank == 0 and lines:
+        sys.stdout.write("\n".join(lines) + "\n")
+        sys.stdout.flush()

@@ -1,0 +1,80 @@
+"""``hpctrain bench``: the allreduce and point-to-point benchmarks."""
+
+from .sizes import parse_size
+
+
+def add_parser(subparsers):
+    """Register ``bench allreduce`` and ``bench p2p``."""
+    parser = subparsers.add_parser(
+        "bench", help="benchmarks: allreduce algorithms side by side, point-to-point α/β",
+        description="Benchmarks modelled on nccl-tests. Run under mpirun, e.g. "
+                    "mpirun -np 4 python -m hpctrain bench allreduce -b 8 -e 64M -f 4")
+    kinds = parser.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
+
+    allreduce = kinds.add_parser(
+        "allreduce", help="time every allreduce algorithm per size; check the results",
+        description="Time each algorithm at each size on the same buffers, side by side. "
+                    "Prints a #-header (settings, versions, rank map), one row per size and "
+                    "algorithm (time min/avg/max over ranks, algbw, busbw = algbw*2(p-1)/p, "
+                    "#wrong) and a footer. Exits 1 if any value was wrong.")
+    _common(allreduce, default_min="8", default_max="64M")
+    allreduce.add_argument("--algos", default="", metavar="A,B,...",
+                           help="algorithms to compare (default: all available)")
+    allreduce.add_argument("-c", "--check", type=int, default=1, choices=(0, 1),
+                           help="check results in a separate pass (default: 1)")
+    allreduce.add_argument("-d", "--dtype", default="float32",
+                           help="float16, bfloat16, float32, float64, int32 or int64")
+    allreduce.add_argument("-o", "--op", default="sum", help="sum, avg, min or max")
+    allreduce.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                           help="where the buffers live (cuda: one GPU per local rank)")
+    allreduce.set_defaults(func=_run_allreduce)
+
+    p2p = kinds.add_parser(
+        "p2p", help="ping-pong latency and bandwidth between ranks 0 and 1 (α and β)",
+        description="Ping-pong between ranks 0 and 1 for each size; prints one-way latency "
+                    "and bandwidth, and the least-squares α (latency) and β (s/byte).")
+    _common(p2p, default_min="1", default_max="16M")
+    p2p.set_defaults(func=_run_p2p)
+    return parser
+
+
+def _common(parser, default_min, default_max):
+    parser.add_argument("-b", "--minbytes", type=_size, default=parse_size(default_min),
+                        help=f"smallest size in bytes, e.g. 8, 64K (default: {default_min})")
+    parser.add_argument("-e", "--maxbytes", type=_size, default=parse_size(default_max),
+                        help=f"largest size in bytes, e.g. 16M (default: {default_max})")
+    parser.add_argument("-f", "--stepfactor", type=int, default=2,
+                        help="multiply the size by this factor each step (default: 2)")
+    parser.add_argument("-n", "--iters", type=int, default=20,
+                        help="timed iterations per size (default: 20)")
+    parser.add_argument("-w", "--warmup", type=int, default=5,
+                        help="untimed warm-up iterations per size (default: 5)")
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    parser.add_argument("--hdf5", metavar="FILE", help="also write the results as HDF5")
+
+
+def _size(text):
+    import argparse
+
+    from ..errors import UsageError
+
+    try:
+        return parse_size(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _run_allreduce(args):
+    from mpi4py import MPI
+
+    from . import allreduce
+
+    return 1 if allreduce.run(args, MPI.COMM_WORLD) else 0
+
+
+def _run_p2p(args):
+    from mpi4py import MPI
+
+    from . import p2p
+
+    return p2p.run(args, MPI.COMM_WORLD)

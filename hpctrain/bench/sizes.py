@@ -1,0 +1,38 @@
+"""Message sizes as nccl-tests writes them: ``8``, ``64K``, ``16M``, ``1G`` (powers of 1024)."""
+
+from ..errors import UsageError
+
+UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text):
+    """Bytes in ``text`` (``8``, ``64K``, ``64KB``, ``64KiB``, ``16M``, ``1G``); must be >= 0."""
+    raw = text.strip().upper().removesuffix("IB").removesuffix("B")
+    number, unit = (raw[:-1], raw[-1]) if raw and raw[-1] in UNITS else (raw, "")
+    if not number.isdigit():
+        raise UsageError(f"invalid size {text!r}: expected a whole number of bytes with an "
+                         f"optional K, M or G suffix, e.g. 8, 64K, 16M, 1G")
+    return int(number) * UNITS[unit]
+
+
+def size_range(begin, end, factor):
+    """Sizes from ``begin`` to ``end`` bytes, each ``factor`` times the previous (nccl-tests -f)."""
+    if begin > end:
+        raise UsageError(f"minimum size {begin} B is larger than the maximum {end} B (-b > -e)")
+    if factor < 2 and begin != end:
+        raise UsageError(f"size factor must be >= 2, got {factor} (-f)")
+    sizes, size = [], begin
+    while size <= end:
+        sizes.append(size)
+        if size == 0 or factor < 2:
+            break
+        size *= factor
+    return sizes
+
+
+def format_size(nbytes):
+    """``nbytes`` with the largest binary unit that divides it: ``64 KiB``, ``3 B``."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} B"

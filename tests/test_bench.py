@@ -1,0 +1,106 @@
+"""The benchmarks: size parsing and fitting in-process, whole runs under mpirun."""
+
+import json
+import re
+
+import h5py
+import pytest
+
+from hpctrain.bench.p2p import fit_alpha_beta
+from hpctrain.bench.sizes import format_size, parse_size, size_range
+from hpctrain.errors import UsageError
+
+ROW = re.compile(r"^\s+(\d+)\s+(\d+)\s+(\w+)\s+(\w+)\s+([\w-]+)\s+([\d.]+)\s+([\d.]+)\s+"
+                 r"([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)$", re.M)
+
+
+@pytest.mark.parametrize("text, nbytes", [("8", 8), ("0", 0), ("64K", 65536), ("64KB", 65536),
+                                          ("64KiB", 65536), ("16M", 16 << 20), ("1g", 1 << 30)])
+def test_parse_size(text, nbytes):
+    assert parse_size(text) == nbytes
+
+
+@pytest.mark.parametrize("text", ["", "K", "-8", "1.5M", "12X", "8 M B"])
+def test_parse_size_rejects_garbage_with_the_valid_form(text):
+    with pytest.raises(UsageError, match="optional K, M or G suffix"):
+        parse_size(text)
+
+
+def test_size_range_like_nccl_tests():
+    assert size_range(8, 64, 2) == [8, 16, 32, 64]
+    assert size_range(8, 100, 4) == [8, 32]
+    assert size_range(0, 8, 2) == [0]
+    assert size_range(64, 64, 1) == [64]
+    with pytest.raises(UsageError, match="-b > -e"):
+        size_range(64, 8, 2)
+    with pytest.raises(UsageError, match="factor must be >= 2"):
+        size_range(8, 64, 1)
+
+
+def test_format_size():
+    assert [format_size(n) for n in (3, 1024, 3 << 20, 1 << 30)] == \
+        ["3 B", "1 KiB", "3 MiB", "1 GiB"]
+
+
+def test_fit_alpha_beta_recovers_a_line():
+    sizes = [1 << k for k in range(0, 24, 2)]
+    alpha, beta = 2e-6, 1 / 5e9
+    fitted = fit_alpha_beta(sizes, [alpha + beta * n for n in sizes])
+    assert fitted == pytest.approx((alpha, beta), rel=1e-6)
+
+
+def test_bench_allreduce_table_files_and_footer(mpirun, hpctrain_cmd, tmp_path):
+    out_json, out_h5 = tmp_path / "ar.json", tmp_path / "ar.h5"
+    algos = ["ring", "tree", "butterfly", "ps", "ps-sharded", "mpi"]
+    result = mpirun(3, [*hpctrain_cmd, "bench", "allreduce", "--algos", ",".join(algos),
+                        "-b", "8", "-e", "64K", "-f", "8", "-n", "3", "-w", "1",
+                        "--json", out_json, "--hdf5", out_h5], timeout=180)
+    assert result.returncode == 0, result.output
+    out = result.output
+    assert out.startswith("# hpctrain"), out[:200]
+    assert len(re.findall(r"^#  Rank\s+\d+ Pid", out, re.M)) == 3
+    rows = ROW.findall(out)
+    assert [(int(r[0]), r[4]) for r in rows] == \
+        [(size, algo) for size in (8, 64, 512, 4096, 32768) for algo in algos]
+    assert all(r[10] == "0" for r in rows)
+    assert "# Out of bounds values : 0 OK" in out
+    for algo in algos:
+        assert re.search(rf"^#\s+{re.escape(algo)}\s+[\d.]+$", out, re.M)
+    document = json.loads(out_json.read_text())
+    assert len(document["rows"]) == len(rows) and document["wrong"] == 0
+    with h5py.File(out_h5) as f:
+        assert f["allreduce"].shape == (len(rows),)
+        assert set(f["allreduce"]["algo"]) == {a.encode() for a in algos}
+
+
+def test_bench_allreduce_exits_non_zero_on_a_wrong_value(mpirun, hpctrain_cmd):
+    result = mpirun(2, [*hpctrain_cmd, "bench", "allreduce", "--algos", "ring", "-b", "64",
+                        "-e", "64", "-n", "1", "-w", "0"], timeout=120,
+                    env={"HPCTRAIN_FAULT": "bench.corrupt@1"})
+    assert result.returncode == 1, result.output
+    assert "# Out of bounds values : 1 FAILED" in result.output
+
+
+def test_bench_allreduce_rejects_an_unknown_algorithm_on_every_rank(mpirun, hpctrain_cmd):
+    result = mpirun(2, [*hpctrain_cmd, "bench", "allreduce", "--algos", "ring,rign"],
+                    timeout=60)
+    assert result.returncode == 2
+    assert "unknown algorithm(s) rign in --algos; valid:" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_bench_p2p_fits_alpha_and_beta(mpirun, hpctrain_cmd, tmp_path):
+    out_json = tmp_path / "p2p.json"
+    result = mpirun(2, [*hpctrain_cmd, "bench", "p2p", "-b", "8", "-e", "1M", "-f", "16",
+                        "-n", "20", "--json", out_json], timeout=120)
+    assert result.returncode == 0, result.output
+    assert re.search(r"^# alpha \(latency\)\s+: [\d.]+ us$", result.output, re.M)
+    document = json.loads(out_json.read_text())
+    assert [row["size"] for row in document["rows"]] == [8, 128, 2048, 32768, 524288]
+    assert document["alpha_s"] > 0 and document["beta_s_per_byte"] > 0
+
+
+def test_bench_p2p_needs_two_ranks(mpirun, hpctrain_cmd):
+    result = mpirun(1, [*hpctrain_cmd, "bench", "p2p"], timeout=60)
+    assert result.returncode == 2
+    assert "bench p2p needs at least 2 ranks, got 1" in result.output
