@@ -1,0 +1,85 @@
+"""The batch scripts in jobs/, submitted with sbatch to a real single-node Slurm.
+
+The session fixture starts Slurm with scripts/slurm-local (and stops it afterwards if it
+started it). Jobs are sized to this machine through sbatch options and HPCTRAIN_ARGS, never
+through a separate copy of the script.
+"""
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SLURM_LOCAL = REPO / "scripts" / "slurm-local"
+JOB_TIMEOUT = 240  # s
+
+
+@pytest.fixture(scope="session")
+def slurm_env():
+    """Environment for sbatch against the local Slurm, which is up for the whole session."""
+    status = subprocess.run([SLURM_LOCAL, "status"], capture_output=True, text=True)
+    was_up = "slurmctld  running" in status.stdout
+    up = subprocess.run([SLURM_LOCAL, "up"], capture_output=True, text=True, timeout=600)
+    assert up.returncode == 0, f"scripts/slurm-local up failed:\n{up.stdout}\n{up.stderr}"
+    conf = subprocess.run([SLURM_LOCAL, "env"], capture_output=True, text=True).stdout
+    env = {**os.environ, "SLURM_CONF": conf.strip().split("=", 1)[1],
+           "PATH": f"{Path(os.sys.executable).parent}:{os.environ['PATH']}"}
+    yield env
+    if not was_up:
+        subprocess.run([SLURM_LOCAL, "down"], capture_output=True, timeout=120)
+
+
+def submit(env, script, tmp_path, *options, extra_env=None):
+    """``sbatch --wait`` the script from the project root; return (exit code, job output)."""
+    out = tmp_path / "job.out"
+    argv = ["sbatch", "--wait", "--parsable", f"--output={out}", *options, str(script)]
+    proc = subprocess.Popen(argv, cwd=REPO, env={**env, **(extra_env or {})}, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        stdout, _ = proc.communicate(timeout=JOB_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        stdout = proc.communicate()[0]
+        job = stdout.strip().split(";")[0]
+        if job.isdigit():
+            subprocess.run(["scancel", job], env=env, timeout=30)
+        pytest.fail(f"`{' '.join(argv)}` did not finish within {JOB_TIMEOUT} s (job {job} "
+                    f"cancelled). Output:\n{out.read_text() if out.exists() else stdout}")
+    return proc.returncode, out.read_text() if out.exists() else stdout
+
+
+def test_info_job_runs_every_task_through_srun_pmix(slurm_env, tmp_path):
+    code, output = submit(slurm_env, "jobs/info.sbatch", tmp_path,
+                          "--nodes=1", "--ntasks-per-node=2")
+    assert code == 0, output
+    assert "# job " in output and ": 2 tasks on 1 node(s)" in output
+    assert "hpctrain info: 2 ranks" in output
+
+
+def test_info_job_with_the_mpirun_launcher(slurm_env, tmp_path):
+    # Open MPI refuses root without these; on a cluster jobs do not run as root.
+    root = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    code, output = submit(slurm_env, "jobs/info.sbatch", tmp_path, "--nodes=1",
+                          "--ntasks-per-node=2", extra_env={"HPCTRAIN_LAUNCHER": "mpirun",
+                                                           **root})
+    assert code == 0, output
+    assert "hpctrain info: 2 ranks" in output
+
+
+def test_bench_job_prints_its_table(slurm_env, tmp_path):
+    code, output = submit(slurm_env, "jobs/bench.sbatch", tmp_path, "--nodes=1",
+                          "--ntasks-per-node=2",
+                          extra_env={"HPCTRAIN_ARGS": "-b 8 -e 4K -f 8 -n 2 -w 1 "
+                                                      "--algos ring,tree,mpi"})
+    assert code == 0, output
+    assert "# hpctrain 0.1.0 bench allreduce" in output
+    assert "# Out of bounds values : 0 OK" in output
+
+
+def test_a_failing_job_fails_in_slurm_too(slurm_env, tmp_path):
+    code, output = submit(slurm_env, "jobs/info.sbatch", tmp_path, "--nodes=1",
+                          "--ntasks-per-node=2", extra_env={"HPCTRAIN_FAULT": "info.gather@1"})
+    assert code != 0
+    assert "[hpctrain] rank 1 of 2" in output
