@@ -1,0 +1,1 @@
+"""Scaling studies: sweeps of the benchmarks, the α-β-γ cost model, predictions at scale."""

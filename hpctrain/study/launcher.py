@@ -1,0 +1,48 @@
+"""Starting the benchmarks of a study: local mpirun, srun inside an allocation, or any prefix.
+
+The study itself is one process; it launches one MPI job per rank count and reads the JSON
+that the job's rank 0 writes. Every launch has a time limit.
+"""
+
+import os
+import shlex
+import subprocess
+import sys
+
+from ..errors import UsageError
+from ..launch import mpirun_command
+
+
+def command(launcher, ranks, argv):
+    """The argv that starts ``argv`` on ``ranks`` ranks with ``launcher``.
+
+    ``local``: this machine's mpirun (root and oversubscription flags added as needed);
+    ``srun``: ``srun --mpi=pmix -n N`` inside a Slurm allocation; anything else is a command
+    prefix that takes ``-np N`` (for example ``scripts/vcluster mpirun``).
+    """
+    if launcher == "local":
+        return mpirun_command(ranks, argv)
+    if launcher == "srun":
+        if "SLURM_JOB_ID" not in os.environ:
+            raise UsageError("--launcher srun needs a Slurm allocation (salloc or sbatch)")
+        return ["srun", "--mpi=pmix", "-n", str(ranks), *argv]
+    return [*shlex.split(launcher), "-np", str(ranks), *argv]
+
+
+def run(launcher, ranks, argv, timeout):
+    """Run one launch; raise ``RuntimeError`` with its output if it fails or hangs."""
+    full = command(launcher, ranks, argv)
+    try:
+        done = subprocess.run(full, capture_output=True, text=True, timeout=timeout,
+                              start_new_session=True)
+    except subprocess.TimeoutExpired as exc:
+        raise RuntimeError(f"`{shlex.join(full)}` did not finish within {timeout} s") from exc
+    if done.returncode != 0:
+        raise RuntimeError(f"`{shlex.join(full)}` exited with {done.returncode}:\n"
+                           f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def hpctrain(*args):
+    """argv running ``python -m hpctrain ARGS`` with this interpreter."""
+    return [sys.executable, "-m", "hpctrain", *map(str, args)]

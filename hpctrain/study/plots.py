@@ -1,0 +1,87 @@
+"""The study's figures, drawn with matplotlib's Agg backend (no display needed)."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
+
+from . import costmodel  # noqa: E402
+
+
+def busbw_vs_size(rows, ranks, path, cores):
+    """busbw against message size, one line per algorithm, for one rank count."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for algo in _algos(rows):
+        mine = sorted((r["size"], r["busbw_GBps"]) for r in rows
+                      if r["algo"] == algo and r["np"] == ranks and r["size"] > 0)
+        if mine:
+            ax.plot(*zip(*mine), marker="o", label=algo)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    note = " (oversubscribed)" if ranks > cores else ""
+    ax.set_title(f"allreduce busbw, p = {ranks} on {cores} cores{note}")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    _save(fig, path)
+
+
+def time_vs_ranks(rows, size, params, path, **options):
+    """Measured time (markers) and the model's prediction (lines) against p at one size."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for index, algo in enumerate(_algos(rows)):
+        color = f"C{index % 10}"
+        mine = sorted((r["np"], r["time_max_us"]) for r in rows
+                      if r["algo"] == algo and r["size"] == size)
+        if not mine:
+            continue
+        ax.plot(*zip(*mine), "o", color=color, label=f"{algo} measured")
+        if algo in costmodel.MODELLED:
+            ranks = [p for p, _ in mine]
+            model = [costmodel.predict(algo, size, p, params, **options) * 1e6 for p in ranks]
+            ax.plot(ranks, model, "-", color=color, alpha=0.7, label=f"{algo} model")
+    ax.set_xlabel("ranks p")
+    ax.set_ylabel("time (µs)")
+    ax.set_yscale("log")
+    ax.set_title(f"allreduce of {size} bytes: measured vs α-β-γ model")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    _save(fig, path)
+
+
+def prediction(table, path, title):
+    """Predicted busbw against p for each algorithm and size, from ``prediction_table``."""
+    sizes = sorted({row["size"] for row in table})
+    fig, axes = plt.subplots(1, len(sizes), figsize=(4 * len(sizes), 4), sharey=False)
+    axes = axes if len(sizes) > 1 else [axes]
+    for ax, size in zip(axes, sizes):
+        for algo in sorted({row["algo"] for row in table}):
+            mine = sorted((r["np"], r["busbw_GBps"]) for r in table
+                          if r["algo"] == algo and r["size"] == size)
+            ax.plot(*zip(*mine), marker=".", label=algo)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("ranks p")
+        ax.set_title(f"n = {_human(size)}")
+        ax.grid(True, alpha=0.3)
+    axes[0].set_ylabel("predicted busbw (GB/s)")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(title)
+    _save(fig, path)
+
+
+def _algos(rows):
+    return sorted({r["algo"] for r in rows})
+
+
+def _human(size):
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale:
+            return f"{size / scale:g} {unit}"
+    return f"{size} B"
+
+
+def _save(fig, path):
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,100 @@
+"""Predicted allreduce time and bus bandwidth at scales this machine does not have.
+
+``hpctrain study predict --alpha 1.5us --link 100gbit --gamma-rate 20GB/s`` (or
+``--params report/params.json``) prints a table and writes a plot for p up to 4096 and n up
+to 1 GiB. It shows, among other things, the parameter server's time growing as 2(p-1)·n/b
+while the ring's stays near 2(p-1)/p·n/b ≈ 2n/b.
+"""
+
+import json
+import os
+
+from . import costmodel, plots
+
+RANKS = tuple(2 ** k for k in range(1, 13))  # 2 .. 4096
+SIZES = (8, 64 << 10, 1 << 20, 64 << 20, 1 << 30)
+SHOWN_RANKS = (2, 16, 128, 1024, 4096)
+
+
+def prediction_table(params, ranks=RANKS, sizes=SIZES, algos=costmodel.MODELLED):
+    """Rows {np, size, algo, time_us, busbw_GBps} of predicted allreduces."""
+    rows = []
+    for p in ranks:
+        for size in sizes:
+            for algo in algos:
+                seconds = costmodel.predict(algo, size, p, params)
+                rows.append({"np": p, "size": size, "algo": algo, "time_us": seconds * 1e6,
+                             "busbw_GBps": costmodel.busbw(size, p, seconds) / 1e9})
+    return rows
+
+
+def prediction_markdown(rows):
+    """A markdown table: predicted time per algorithm, for a few p and every size."""
+    algos = sorted({r["algo"] for r in rows})
+    index = {(r["np"], r["size"], r["algo"]): r for r in rows}
+    lines = ["| p | size | " + " | ".join(f"{a} (µs)" for a in algos) + " | fastest |",
+             "|---|---|" + "---|" * (len(algos) + 1)]
+    for p in sorted({r["np"] for r in rows}):
+        if p not in SHOWN_RANKS:
+            continue
+        for size in sorted({r["size"] for r in rows}):
+            times = {a: index[(p, size, a)]["time_us"] for a in algos}
+            fastest = min((a for a in algos if a != "mpi"), key=times.get)
+            lines.append(f"| {p} | {_human(size)} | " +
+                         " | ".join(f"{times[a]:.4g}" for a in algos) + f" | {fastest} |")
+    return "\n".join(lines)
+
+
+def run(args):
+    """``study predict``: the table on stdout, ``prediction.png`` and ``prediction.md``."""
+    params = load_params(args)
+    rows = prediction_table(params)
+    os.makedirs(args.out, exist_ok=True)
+    table = prediction_markdown(rows)
+    title = (f"α = {params.alpha * 1e6:.3g} µs, 1/β = {1 / params.beta / 1e9:.3g} GB/s, "
+             f"1/γ = {1 / params.gamma / 1e9:.3g} GB/s" if params.beta and params.gamma
+             else f"α = {params.alpha * 1e6:.3g} µs")
+    plots.prediction(rows, os.path.join(args.out, "prediction.png"), title)
+    with open(os.path.join(args.out, "prediction.md"), "w") as f:
+        f.write(f"# Predicted allreduce times\n\n{title}\n\n{table}\n")
+    print(title)
+    print(table)
+    return 0
+
+
+def load_params(args):
+    """Parameters from ``--params FILE`` (a study's params.json) or from the link options."""
+    from ..errors import UsageError
+
+    if args.params:
+        with open(args.params) as f:
+            return costmodel.Params(**json.load(f)["fitted"])
+    if not args.link:
+        raise UsageError("give --params FILE (from a study) or --link RATE, e.g. "
+                         "--link 100gbit --alpha 1.5us")
+    try:
+        beta = 1 / costmodel.parse_rate(args.link)
+        gamma = 1 / costmodel.parse_rate(args.gamma_rate)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return costmodel.Params(_seconds(args.alpha), beta, gamma)
+
+
+def _seconds(text):
+    from ..errors import UsageError
+
+    raw = text.strip().lower()
+    for unit, scale in (("ns", 1e-9), ("us", 1e-6), ("µs", 1e-6), ("ms", 1e-3), ("s", 1.0)):
+        if raw.endswith(unit):
+            try:
+                return float(raw[: -len(unit)]) * scale
+            except ValueError:
+                break
+    raise UsageError(f"invalid time {text!r}: expected e.g. 1.5us, 800ns or 2ms")
+
+
+def _human(size):
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale:
+            return f"{size // scale} {unit}"
+    return f"{size} B"
