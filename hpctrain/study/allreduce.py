@@ -47,7 +47,7 @@ def run(args):
         result = _bench(args, p, "allreduce", *algos, "-b", low, "-e", high, "-f", factor,
                         "-n", iters, "-w", warmup)
         rows += [{**row, "np": p, "oversubscribed": int(p > cores)} for row in result["rows"]]
-    points = [(r["algo"], r["size"], r["np"], r["time_max_us"] * 1e-6) for r in rows]
+    points = [(r["algo"], r["size"], r["np"], r["time_median_us"] * 1e-6) for r in rows]
     fitted = costmodel.fit(points)
     for row in rows:
         row["model_us"] = (costmodel.predict(row["algo"], row["size"], row["np"], fitted) * 1e6
@@ -126,7 +126,7 @@ def _error_summary(rows, prior, fitted):
     lines = ["| algorithm | median abs. error (fitted) | max abs. error (fitted) | "
              "median abs. error (p2p prior) |", "|---|---|---|---|"]
     for algo in sorted({r["algo"] for r in rows if r["algo"] in costmodel.MODELLED}):
-        mine = [(r["algo"], r["size"], r["np"], r["time_max_us"] * 1e-6) for r in rows
+        mine = [(r["algo"], r["size"], r["np"], r["time_median_us"] * 1e-6) for r in rows
                 if r["algo"] == algo]
         err_fit = np.abs(costmodel.relative_errors(mine, fitted))
         err_prior = np.abs(costmodel.relative_errors(mine, prior))
@@ -137,15 +137,15 @@ def _error_summary(rows, prior, fitted):
 
 
 def _point_table(rows):
-    lines = ["| p | size | algo | measured (µs) | model (µs) | error |", "|---|---|---|---|---|---|"]
+    lines = ["| p | size | algo | measured median (µs) | model (µs) | error |", "|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (r["np"], r["size"], r["algo"])):
         star = "*" if r["oversubscribed"] else ""
         model = r["model_us"]
-        error = f"{(model - r['time_max_us']) / r['time_max_us']:+.0%}" \
-            if np.isfinite(model) and r["time_max_us"] > 0 else "n/a"
+        error = f"{(model - r['time_median_us']) / r['time_median_us']:+.0%}" \
+            if np.isfinite(model) and r["time_median_us"] > 0 else "n/a"
         shown = f"{model:.1f}" if np.isfinite(model) else "n/a"
         lines.append(f"| {r['np']}{star} | {format_size(r['size'])} | {r['algo']} | "
-                     f"{r['time_max_us']:.1f} | {shown} | {error} |")
+                     f"{r['time_median_us']:.1f} | {shown} | {error} |")
     return "\n".join(lines)
 
 
@@ -167,7 +167,7 @@ def measured_crossover(rows, ranks, other):
     times = {}
     for r in rows:
         if r["np"] == ranks and r["algo"] in ("ring", other) and r["size"] > 0:
-            times.setdefault(r["size"], {})[r["algo"]] = r["time_max_us"]
+            times.setdefault(r["size"], {})[r["algo"]] = r["time_median_us"]
     sizes = sorted(s for s, t in times.items() if len(t) == 2)
     ring_wins = [times[s]["ring"] <= times[s][other] for s in sizes]
     for i, size in enumerate(sizes):

@@ -29,6 +29,7 @@ adds a negotiation cycle of about 1 ms that this model does not have, so it is n
 
 import itertools
 import math
+import re
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -139,17 +140,15 @@ def busbw(nbytes, ranks, seconds):
 
 
 def parse_rate(text):
-    """Bytes per second in a link rate such as ``100gbit``, ``25Gbit``, ``42GB/s``, ``800mbit``."""
-    raw = text.strip().lower().replace("/s", "").replace("ps", "")
-    units = {"gbit": 1e9 / 8, "mbit": 1e6 / 8, "kbit": 1e3 / 8, "gb": 1e9, "mb": 1e6, "kb": 1e3}
-    for unit, scale in units.items():
-        if raw.endswith(unit):
-            number = raw[: -len(unit)]
-            try:
-                value = float(number)
-            except ValueError:
-                break
-            if value > 0:
-                return value * scale
-            break
-    raise ValueError(f"invalid link rate {text!r}: expected e.g. 100gbit, 800mbit or 42GB/s")
+    """Bytes per second in a link rate: ``100gbit``, ``25Gbps``, ``800mbit`` (bits) or ``42GB/s``.
+
+    Lower-case ``b`` and ``bit``/``bps`` are bits, upper-case ``B`` is bytes, as network
+    vendors write them.
+    """
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmMgG])(bit|bps|b/s|b|B/s|Bps|B)\s*", text)
+    if not match or float(match.group(1)) <= 0:
+        raise ValueError(f"invalid link rate {text!r}: expected e.g. 100gbit, 25Gbps, 800mbit "
+                         "or 42GB/s")
+    value, prefix, unit = float(match.group(1)), match.group(2).lower(), match.group(3)
+    scale = {"k": 1e3, "m": 1e6, "g": 1e9}[prefix]
+    return value * scale / (1 if unit.startswith("B") else 8)

@@ -31,7 +31,7 @@ def time_vs_ranks(rows, size, params, path, **options):
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for index, algo in enumerate(_algos(rows)):
         color = f"C{index % 10}"
-        mine = sorted((r["np"], r["time_max_us"]) for r in rows
+        mine = sorted((r["np"], r["time_median_us"]) for r in rows
                       if r["algo"] == algo and r["size"] == size)
         if not mine:
             continue
