@@ -41,10 +41,13 @@ def run(args, comm):
         _print(comm, f"{size:>12} {args.iters:>7} {row['latency_us']:>10.2f} "
                      f"{row['bandwidth_GBps']:>10.3f}")
     alpha, beta = fit_alpha_beta([r["size"] for r in rows], [r["latency_us"] * 1e-6 for r in rows])
-    _print(comm, f"# alpha (latency)          : {alpha * 1e6:.2f} us",
-           f"# beta  (per byte)         : {beta * 1e9:.4f} ns/B  (1/beta = "
-           f"{(1 / beta / 1e9) if beta > 0 else float('inf'):.3f} GB/s)",
-           "# fitted by least squares on relative error: one-way time = alpha + beta * size")
+    if len(rows) < 2:
+        _print(comm, "# alpha, beta: need at least two sizes to fit (-b < -e)")
+    else:
+        inverse = f"{1 / beta / 1e9:.3f} GB/s" if beta > 0 else "inf"
+        _print(comm, f"# alpha (latency)          : {alpha * 1e6:.2f} us",
+               f"# beta  (per byte)         : {beta * 1e9:.4f} ns/B  (1/beta = {inverse})",
+               "# fitted by least squares on relative error: one-way time = alpha + beta * size")
     if comm.rank == 0:
         document = {"benchmark": "p2p", "settings": settings,
                     "environment": report.environment(), "columns": list(COLUMNS),
