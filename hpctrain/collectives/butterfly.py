@@ -1,0 +1,161 @@
+"""Butterfly allreduce: recursive doubling for small messages, Rabenseifner for large ones.
+
+Both work on a power of two ``p' = 2^⌊lg p⌋`` of ranks. With ``r = p - p'`` extra ranks,
+the first ``2r`` ranks pair up first (as MPICH does): each even one sends its whole vector
+to the odd one above it and sits out; at the end it gets the result back. That costs two
+extra messages of ``n`` bytes on those ranks.
+
+- *Recursive doubling* (messages below ``switch_bytes``): in step ``k`` every rank swaps its
+  whole vector with the rank whose number differs in bit ``k`` and adds it:
+  ``lg p α + n lg p β + n lg p γ`` — the fewest latencies, so the best for small messages.
+- *Rabenseifner* (``switch_bytes`` and above): a reduce-scatter by recursive halving (swap
+  half of the remaining range with the partner, keep and reduce the other half) then an
+  allgather by recursive doubling, which retraces the steps backwards:
+  ``2 lg p α + 2n(p-1)/p β + n(p-1)/p γ`` — the ring's bandwidth with logarithmic latency.
+
+Option ``switch_bytes`` (default 64 KiB): the message size from which Rabenseifner is used.
+"""
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from .base import Algorithm, add_few, chunk_bounds, mpi_datatype, register
+from ..errors import UsageError
+
+SWITCH_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class ButterflySchedule:
+    """The fold partner and the steps of one of the two butterflies."""
+
+    fold: str                 # "out": send to partner and wait; "in": take partner's; ""
+    partner: int              # the folding partner, or -1
+    halving: bool             # True: Rabenseifner; False: recursive doubling
+    steps: tuple              # doubling: (peer, ...); halving: ((peer, s_lo, s_hi, k_lo, k_hi),)
+    scratch: int
+
+
+@lru_cache(maxsize=256)
+def butterfly_schedule(size, rank, count, halving):
+    """The butterfly of ``rank`` among ``size`` ranks for ``count`` elements."""
+    pof2 = 1 << (size.bit_length() - 1)
+    extra = size - pof2
+    if rank < 2 * extra:
+        if rank % 2 == 0:
+            return ButterflySchedule("out", rank + 1, halving, (), 0)
+        fold, partner, vrank = "in", rank - 1, rank // 2
+    else:
+        fold, partner, vrank = "", -1, rank - extra
+
+    def real(v):
+        return 2 * v + 1 if v < extra else v + extra
+
+    if not halving:
+        steps = tuple(real(vrank ^ mask) for mask in _masks(pof2))
+        return ButterflySchedule(fold, partner, False, steps, count)
+    bounds = chunk_bounds(count, pof2)
+    lo, hi, steps = 0, pof2, []
+    for mask in reversed(_masks(pof2)):
+        mid = (lo + hi) // 2
+        send, keep = ((lo, mid), (mid, hi)) if vrank & mask else ((mid, hi), (lo, mid))
+        steps.append((real(vrank ^ mask), bounds[send[0]], bounds[send[1]],
+                      bounds[keep[0]], bounds[keep[1]]))
+        lo, hi = keep
+    # What arrives in a halving step is the partner's half, the size of the half I keep.
+    largest = max((k_hi - k_lo for _, _, _, k_lo, k_hi in steps), default=0)
+    return ButterflySchedule(fold, partner, True, tuple(steps),
+                             count if fold == "in" else largest)
+
+
+def _masks(pof2):
+    return [1 << k for k in range(pof2.bit_length() - 1)]
+
+
+@register
+class Butterfly(Algorithm):
+    """Recursive doubling below ``switch_bytes``, Rabenseifner from it; any ``p``."""
+
+    name = "butterfly"
+    options = {"switch_bytes": SWITCH_BYTES}
+    tag = 13
+
+    def validate(self, size, params):
+        if params[0] < 0:
+            raise UsageError(f"allreduce option switch_bytes={params[0]} must be >= 0")
+        return (int(params[0]),)
+
+    def schedule(self, size, rank, count, itemsize, params):
+        return butterfly_schedule(size, rank, count, count * itemsize >= params[0])
+
+    def bind(self, comm, plan):
+        sched = plan.schedule
+        if sched.fold or sched.halving or plan.finish is not None \
+                or not isinstance(plan.scratch, np.ndarray):
+            return super().bind(comm, plan)
+        # Recursive doubling on a power of two, in host memory: the small-message case,
+        # where each microsecond of Python is as long as a message. Hence the bound
+        # method, the prebuilt receive message and the explicit datatype (cheaper for
+        # mpi4py than reading the array's format).
+        sendrecv, reduce, tag, peers = comm.Sendrecv, plan.reduce, self.tag, sched.steps
+        datatype = mpi_datatype(plan.dtype)
+        incoming = plan.scratch[:plan.count]
+        received = [incoming, datatype]
+
+        def recursive_doubling(flat):
+            for peer in peers:
+                sendrecv([flat, datatype], peer, tag, received, peer, tag)
+                reduce(flat, incoming)
+
+        if len(peers) != 1:
+            return recursive_doubling
+        peer = peers[0]
+
+        def swap_and_add(flat):   # p = 2: no loop
+            sendrecv([flat, datatype], peer, tag, received, peer, tag)
+            reduce(flat, incoming)
+
+        def swap_and_add_one(flat):   # p = 2, one float summed: add_few, inlined
+            sendrecv([flat, datatype], peer, tag, received, peer, tag)
+            flat[0] = flat.item(0) + incoming.item(0)
+
+        def swap_and_add_two(flat):   # p = 2, two floats summed: add_few, inlined
+            sendrecv([flat, datatype], peer, tag, received, peer, tag)
+            flat[0] = flat.item(0) + incoming.item(0)
+            flat[1] = flat.item(1) + incoming.item(1)
+        if reduce is not add_few:
+            return swap_and_add
+        return swap_and_add_one if plan.count == 1 else swap_and_add_two
+
+    def run(self, comm, flat, plan):
+        sched = plan.schedule
+        tag, scratch, reduce = self.tag, plan.scratch, plan.reduce
+        if sched.fold == "out":
+            comm.Send(flat, sched.partner, tag)
+            comm.Recv(flat, sched.partner, tag)
+            return
+        if sched.fold == "in":
+            incoming = scratch[:flat.shape[0]]
+            comm.Recv(incoming, sched.partner, tag)
+            reduce(flat, incoming)
+        if sched.halving:
+            _rabenseifner(comm, flat, scratch, reduce, sched.steps, tag)
+        else:
+            incoming = scratch[:flat.shape[0]]
+            for peer in sched.steps:
+                comm.Sendrecv(flat, peer, tag, incoming, peer, tag)
+                reduce(flat, incoming)
+        if sched.fold == "in":
+            comm.Send(flat, sched.partner, tag)
+
+
+def _rabenseifner(comm, flat, scratch, reduce, steps, tag):
+    for peer, send_lo, send_hi, keep_lo, keep_hi in steps:
+        incoming = scratch[:keep_hi - keep_lo]
+        comm.Sendrecv(flat[send_lo:send_hi], peer, tag, incoming, peer, tag)
+        reduce(flat[keep_lo:keep_hi], incoming)
+    # Backwards: what I kept is complete now, and what I sent is complete at the partner.
+    for peer, send_lo, send_hi, keep_lo, keep_hi in reversed(steps):
+        comm.Sendrecv(flat[keep_lo:keep_hi], peer, tag, flat[send_lo:send_hi], peer, tag)

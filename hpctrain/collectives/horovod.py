@@ -1,0 +1,100 @@
+"""Horovod's allreduce (``hvd.allreduce``), the other baseline.
+
+Horovod is imported, and ``hvd.init()`` called over the same ranks, on first use, so that
+hpctrain works where Horovod is not built. Each call goes through Horovod's background
+thread, which batches requests every cycle (``HOROVOD_CYCLE_TIME``, 1 ms by default): small
+messages pay about a millisecond, which is what the Python algorithms should beat.
+
+``sum``, ``avg``, ``min`` and ``max`` map to ``hvd.Sum``, ``hvd.Average``, ``hvd.Min`` and
+``hvd.Max``, except ``avg`` of integers, which is ``hvd.Sum`` followed by our floor
+division (Horovod would truncate). Horovod's CPU build has no bfloat16: a bfloat16 buffer
+is reduced as float32 in a reused buffer and rounded back once, so it is slightly more
+accurate than the other algorithms' bfloat16.
+"""
+
+import numpy as np
+
+from .base import Algorithm, register
+from ..errors import UsageError
+
+_HOROVOD = []          # [horovod.torch, whether we called hvd.init], once initialised
+_UPCAST = {}           # device -> reused float32 buffer for bfloat16
+
+
+def horovod(comm):
+    """``horovod.torch``, initialised (``hvd.init``) over the ranks of ``comm`` if needed.
+
+    Synchronisation point on first use: ``hvd.init`` is collective.
+    """
+    if _HOROVOD:
+        return _HOROVOD[0]
+    try:
+        import horovod.torch as hvd
+    except ImportError as exc:
+        raise UsageError(f"allreduce algorithm 'horovod' needs Horovod with PyTorch support "
+                         f"(pip install hpctrain[horovod]): {exc}") from None
+    ours = not hvd.is_initialized()
+    if ours:
+        hvd.init(comm=comm)
+    if (hvd.size(), hvd.rank()) != (comm.Get_size(), comm.Get_rank()):
+        raise UsageError(f"Horovod was initialised over {hvd.size()} ranks (this one is "
+                         f"{hvd.rank()}), but allreduce was asked to use {comm.Get_size()} "
+                         f"(this one is {comm.Get_rank()}): use the communicator Horovod runs "
+                         f"on")
+    _HOROVOD[:] = [hvd, ours]
+    return hvd
+
+
+def shutdown():
+    """Stop Horovod if :func:`horovod` started it; the next ``algo="horovod"`` call starts it
+    again.
+
+    Once started, Horovod's background thread negotiates with every other rank each cycle
+    (1 ms), busy-polling MPI even when idle: on a machine with as many ranks as cores it
+    takes the cores the other algorithms' large messages need (4 MiB allreduces here run
+    several times slower). Benchmarks should time Horovod last and then call this.
+    Synchronisation point: ``hvd.shutdown`` is collective.
+    """
+    if _HOROVOD and _HOROVOD[1]:
+        _HOROVOD[0].shutdown()
+    _HOROVOD.clear()
+
+
+@register
+class HorovodAllreduce(Algorithm):
+    """``hvd.allreduce`` on a torch view of the buffer; the result is copied back."""
+
+    name = "horovod"
+
+    def averages(self, dtype):
+        return not dtype.integer
+
+    def device_capable(self, dtype, cuda_aware):
+        return True   # Horovod moves device memory itself (NCCL or MPI)
+
+    def run(self, comm, flat, plan):
+        import torch
+
+        hvd = horovod(comm)
+        view = (torch.from_numpy(flat) if isinstance(flat, np.ndarray) else flat)
+        view = view.view(plan.dtype.torch)
+        op = {"sum": hvd.Sum, "avg": hvd.Average, "min": hvd.Min, "max": hvd.Max}[plan.op]
+        if plan.finish is not None:
+            op = hvd.Sum    # integer average: we divide (floor) afterwards
+        if plan.dtype.name == "bfloat16":
+            work = _upcast(view)
+            view.copy_(hvd.allreduce(work, op=op))
+        else:
+            view.copy_(hvd.allreduce(view, op=op))
+
+
+def _upcast(tensor):
+    import torch
+
+    buffer = _UPCAST.get(tensor.device)
+    if buffer is None or buffer.shape[0] < tensor.shape[0]:
+        buffer = _UPCAST[tensor.device] = torch.empty(tensor.shape[0], dtype=torch.float32,
+                                                      device=tensor.device)
+    work = buffer[:tensor.shape[0]]
+    work.copy_(tensor)
+    return work
