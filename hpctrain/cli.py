@@ -6,15 +6,19 @@ import os
 
 from . import __version__, info
 from .bench import cli as bench
+from .data import cli as data
 from .runtime import launcher_rank
+from .study import cli as study
+from .train import cli as train
 
 #: Subcommand modules, each with ``add_parser(subparsers)``; the order is the help's order.
-SUBCOMMANDS = (info, bench)
+SUBCOMMANDS = (train, info, bench, study, data)
 
 DESCRIPTION = """\
 Data-parallel training on HPC clusters with MPI and Horovod, and the allreduce algorithms
 to compare. Launch every subcommand under MPI, one process per rank:
 
+  mpirun -np 4 python -m hpctrain train       # train the default model (digits MLP)
   mpirun -np 4 python -m hpctrain info        # check the launch: ranks, hosts, libraries
   mpirun -np 4 python -m hpctrain bench allreduce -e 16M   # compare allreduce algorithms
   mpirun -np 2 python -m hpctrain bench p2p   # latency and bandwidth between two ranks

@@ -1,0 +1,34 @@
+"""The model registry: ``build_model(name, sample_shape, classes, ...)``.
+
+- ``mlp``: two hidden layers, the default for the digits;
+- ``cnn``: a small convolutional network for image-shaped samples (C, H, W);
+- ``wide``: a multi-layer perceptron whose width is chosen so that its parameters (and so its
+  gradient) take ``model_mb`` MB: a communication-heavy model for comparing allreduce
+  algorithms.
+
+Adding a model: one new module with ``build(sample_shape, classes, *, hidden, model_mb)``
+and one entry in ``MODELS``.
+"""
+
+import torch
+
+from . import cnn, mlp, wide
+
+#: Model builders by name.
+MODELS = {"mlp": mlp.build, "cnn": cnn.build, "wide": wide.build}
+
+
+def build_model(name, sample_shape, classes, *, hidden=128, model_mb=16.0, seed=0):
+    """A freshly initialised model; the same ``seed`` gives the same weights on every rank."""
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
+    # Initialise from a private generator so that building a model leaves the caller's
+    # random state alone.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return MODELS[name](tuple(sample_shape), classes, hidden=hidden, model_mb=model_mb)
+
+
+def parameter_bytes(model):
+    """Bytes taken by the model's parameters (and so by one full gradient)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())

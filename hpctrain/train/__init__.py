@@ -1,0 +1,24 @@
+"""Data-parallel training: ``hpctrain train`` and ``train(config, comm)`` for in-process use.
+
+- ``config``: the typed configuration (TOML file + ``--key=value`` overrides);
+- ``loop``: ``train(config, comm) -> TrainResult``, the loop every regime shares;
+- ``regimes``: synchronous regimes (allreduce, Horovod, parameter server, sharded server);
+- ``async_ps``: the asynchronous parameter server;
+- ``gradients``: gradient buckets reduced during backward on a communication thread;
+- ``replicas``: broadcast of rank 0's state and the identical-weights check;
+- ``schedule``: linear learning-rate scaling with gradual warm-up;
+- ``checkpoint``: atomic checkpoints and exact resume;
+- ``report``: the header, progress bar, epoch lines and ``metrics.csv``;
+- ``cli``: the ``train`` subcommand.
+"""
+
+from .config import TrainConfig, load_config
+
+__all__ = ["TrainConfig", "load_config", "train"]
+
+
+def train(config, comm=None):
+    """Train as ``config`` says over ``comm``; see ``hpctrain.train.loop.train``."""
+    from .loop import train as run
+
+    return run(config, comm)

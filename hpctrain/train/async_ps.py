@@ -1,0 +1,137 @@
+"""``--regime async-ps``: an asynchronous parameter server over point-to-point messages.
+
+Rank 0 is the server and trains nothing; ranks 1 … N-1 are workers with their own shares of
+the data (the sampler runs over N-1 workers). A worker loops without any global barrier:
+
+  push: send the version its weights came from, then its gradient, to the server;
+  pull: receive the server's new version and weights, and continue with them.
+
+The server answers pushes in the order they arrive (``ANY_SOURCE``): it applies each
+gradient at once with its optimizer, bumps the version and sends the weights back to that
+worker only. A gradient's *staleness* is the server's version when it is applied minus the
+version the worker computed it on: the number of other workers' updates it missed.
+
+Epochs stay aligned: each worker ends its epoch with a "done" message; after all workers are
+done, rank 0 broadcasts its weights (the one collective per epoch), and every rank
+evaluates the same model. Messages between a pair of ranks with one tag never overtake
+each other, which is what keeps a worker's version and gradient together.
+"""
+
+import time
+
+import torch
+from mpi4py import MPI
+
+from .regimes import Regime
+from .replicas import broadcast_model, broadcast_optimizer
+
+SERVER = 0
+TAG_PUSH, TAG_GRAD, TAG_VERSION, TAG_WEIGHTS = 31, 32, 33, 34
+
+
+class AsyncServerRegime(Regime):
+    """The server's optimizer and the message loop of both sides.
+
+    ``comm_seconds`` stays NaN: the workers' push/pull times are added up per epoch.
+    """
+
+    def __init__(self, model, make_optimizer, comm):
+        self.model, self.comm = model, comm
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = make_optimizer(self.params)
+        self.flat = torch.zeros(sum(p.numel() for p in self.params))
+
+    def broadcast_initial(self):
+        """Collective: every rank takes the server's weights and optimizer state."""
+        broadcast_model(self.model, self.comm, SERVER)
+        broadcast_optimizer(self.optimizer, self.comm, SERVER)
+
+    def train_epoch(self, run, sums):
+        """Serve (rank 0) or work (others) until every worker has finished the epoch.
+
+        Synchronisation point at the end: the server's weights and step count go to all.
+        """
+        if self.comm.Get_rank() == SERVER:
+            self._serve(run, sums)
+        else:
+            self._work(run, sums)
+        broadcast_model(self.model, self.comm, SERVER)
+        run.step = self.comm.bcast(run.step, root=SERVER)
+
+    def _serve(self, run, sums):
+        active, status = self.comm.Get_size() - 1, MPI.Status()
+        while active:
+            version = self.comm.recv(source=MPI.ANY_SOURCE, tag=TAG_PUSH, status=status)
+            worker = status.Get_source()
+            if version is None:  # that worker's epoch is over
+                active -= 1
+                continue
+            self.comm.Recv(self.flat.numpy(), source=worker, tag=TAG_GRAD)
+            stop = run.reached_max_steps()
+            staleness = run.step - version
+            if not stop:
+                self._apply(run, sums, staleness)
+            _pack(self.params, self.flat, grads=False)
+            self.comm.send((run.step, stop), dest=worker, tag=TAG_VERSION)
+            self.comm.Send(self.flat.numpy(), dest=worker, tag=TAG_WEIGHTS)
+            run.progress.update(run.step - sums.first_step, f"staleness {staleness}")
+
+    def _apply(self, run, sums, staleness):
+        start = time.perf_counter()
+        _unpack(self.flat, self.params, grads=True)
+        self.set_lr(run.schedule(run.step))
+        self.optimizer.step()
+        run.step += 1
+        sums.updates += 1
+        sums.staleness += staleness
+        sums.staleness_max = max(sums.staleness_max, staleness)
+        sums.server_s += time.perf_counter() - start
+
+    def _work(self, run, sums):
+        version = run.step
+        for positions in run.sampler:
+            start = time.perf_counter()
+            x, y = run.read_batch(positions)
+            loaded = time.perf_counter()
+            run.forward_backward(x, y, sums)
+            computed = time.perf_counter()
+            _pack(self.params, self.flat, grads=True)
+            self.comm.send(version, dest=SERVER, tag=TAG_PUSH)
+            self.comm.Send(self.flat.numpy(), dest=SERVER, tag=TAG_GRAD)
+            version, stop = self.comm.recv(source=SERVER, tag=TAG_VERSION)
+            self.comm.Recv(self.flat.numpy(), source=SERVER, tag=TAG_WEIGHTS)
+            _unpack(self.flat, self.params, grads=False)
+            done = time.perf_counter()
+            sums.data_s += loaded - start
+            sums.compute_s += computed - loaded
+            sums.exposed_s += done - computed
+            sums.comm_s += done - computed
+            if stop:
+                break
+        self.comm.send(None, dest=SERVER, tag=TAG_PUSH)
+
+
+def _pack(params, flat, grads):
+    offset = 0
+    with torch.no_grad():
+        for p in params:
+            source = p.grad if grads else p
+            n = p.numel()
+            if source is None:
+                flat[offset:offset + n].zero_()
+            else:
+                flat[offset:offset + n].copy_(source.reshape(-1))
+            offset += n
+
+
+def _unpack(flat, params, grads):
+    offset = 0
+    with torch.no_grad():
+        for p in params:
+            n = p.numel()
+            piece = flat[offset:offset + n].view_as(p)
+            if grads:
+                p.grad = piece.to(p.device, copy=True)
+            else:
+                p.copy_(piece)
+            offset += n

@@ -1,0 +1,58 @@
+"""``hpctrain train``: read the configuration, then run the training loop on every rank."""
+
+import argparse
+
+from .config import describe_keys, load_config, parse_overrides
+
+DESCRIPTION = """\
+Train a model data-parallel over all ranks. Every rank reads its own share of each global
+batch from HDF5, gradients are averaged (or served) as --regime and --allreduce say, and
+rank 0 prints one line per epoch and writes runs/<name>/metrics.csv.
+
+  mpirun -np 4 python -m hpctrain train                    # the digits MLP, the defaults
+  mpirun -np 4 python -m hpctrain train --allreduce=ring --epochs 5
+  mpirun -np 4 python -m hpctrain train --config configs/digits.toml --resume
+"""
+
+EPILOG = f"""\
+configuration keys (in a TOML file as key = value, or as --key=value / --key value):
+{describe_keys()}
+
+Values: defaults < --config FILE < command line. --batch-size is per rank.
+"""
+
+
+class _KeepOverrides(argparse.ArgumentParser):
+    """A parser that hands unknown ``--key=value`` options to the configuration.
+
+    argparse would reject them with a bare "unrecognized arguments"; the configuration
+    rejects unknown keys itself, naming every valid one.
+    """
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, rest = super().parse_known_args(args, namespace)
+        namespace.overrides = rest
+        return namespace, []
+
+
+def add_parser(subparsers):
+    """Register the ``train`` subcommand."""
+    parser = subparsers.add_parser(
+        "train", help="train a model data-parallel (digits MLP by default)",
+        description=DESCRIPTION, epilog=EPILOG, allow_abbrev=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    # The subparsers action builds every subparser with the parent's class; only this one
+    # must keep what it does not recognise.
+    parser.__class__ = _KeepOverrides
+    parser.add_argument("--config", metavar="FILE", help="TOML configuration file")
+    parser.set_defaults(func=run, overrides=[])
+    return parser
+
+
+def run(args):
+    """Build the configuration (on every rank, before any collective) and train."""
+    config = load_config(args.config, parse_overrides(args.overrides))
+    from .loop import train
+
+    train(config)
+    return 0

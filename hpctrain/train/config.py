@@ -1,0 +1,262 @@
+"""The training configuration: one typed dataclass, a TOML file and command-line overrides.
+
+Precedence: the defaults below < ``--config FILE`` (TOML, flat ``key = value``) <
+``--key=value`` / ``--key value`` on the command line. Keys may be spelled with ``-`` or
+``_``. An unknown key or an invalid value raises ``UsageError`` naming the valid keys or
+values; this happens on every rank, from the same input, before any collective, so a bad
+option ends every rank alike instead of leaving some waiting for the others.
+
+The defaults train the digits MLP; ``configs/digits.toml`` spells them out.
+"""
+
+import dataclasses
+import json
+import re
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from ..errors import UsageError
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python < 3.11
+    import tomli as tomllib
+
+ALLREDUCE = ("horovod", "mpi", "ring", "tree", "butterfly", "ps", "ps-sharded")
+REGIMES = ("allreduce", "ps", "ps-sharded", "async-ps")
+OPTIMIZERS = ("sgd", "adam")
+DEVICES = ("cpu", "cuda")
+LR_SCALING = ("none", "linear")
+LR_DECAY = ("none", "cosine")
+PROGRESS = ("auto", "always", "never")
+MODELS = ("mlp", "cnn", "wide")
+
+
+def _key(default, help, *, choices=None, minimum=None, below=None, positive=False, flag=None):
+    # minimum: value >= minimum; below: value < below; positive: value > 0;
+    # flag: the value of a bare ``--key`` with no value.
+    meta = {"help": help, "choices": choices, "minimum": minimum, "below": below,
+            "positive": positive, "flag": flag}
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Every knob of a training run, with its default (the digits run)."""
+
+    # --- run -------------------------------------------------------------------------------
+    name: str = _key("digits", "run name; the run directory defaults to runs/<name>")
+    run_dir: str = _key("", "run directory for metrics.csv, config.toml, checkpoint.pt "
+                            "(default: runs/<name>)")
+    seed: int = _key(0, "seed of the model initialisation and of the shuffle (seed + epoch)")
+    device: str = _key("cpu", "cpu, or cuda: one GPU per rank, by node-local rank",
+                       choices=DEVICES)
+    threads: int = _key(1, "torch threads per rank (keep 1 when ranks share cores)", minimum=1)
+    # --- data ------------------------------------------------------------------------------
+    data: str = _key("data/digits.h5", "HDF5 file with samples and labels; a missing file "
+                                       "named digits.h5 is prepared automatically")
+    x: str = _key("x", "name of the samples dataset in the HDF5 file")
+    y: str = _key("y", "name of the labels dataset in the HDF5 file")
+    val_fraction: float = _key(0.2, "fraction of the rows held out for validation "
+                                    "(seeded split)", minimum=0.0, below=1.0)
+    split_seed: int = _key(0, "seed of the train/validation split")
+    # --- model -----------------------------------------------------------------------------
+    model: str = _key("mlp", "model from the registry", choices=MODELS)
+    hidden: int = _key(128, "hidden width of mlp (and channels of cnn)", minimum=1)
+    model_mb: float = _key(16.0, "parameter (= gradient) size of the wide model in MB",
+                           positive=True)
+    # --- optimisation ----------------------------------------------------------------------
+    epochs: int = _key(20, "epochs to train", minimum=1)
+    batch_size: int = _key(32, "batch size PER RANK; the global batch is batch_size x ranks",
+                           minimum=1)
+    optimizer: str = _key("sgd", "optimizer", choices=OPTIMIZERS)
+    lr: float = _key(0.05, "learning rate for a global batch of base_batch_size",
+                     positive=True)
+    momentum: float = _key(0.9, "SGD momentum", minimum=0.0, below=1.0)
+    weight_decay: float = _key(0.0, "L2 weight decay", minimum=0.0)
+    lr_scaling: str = _key("linear", "linear: lr x global batch / base_batch_size "
+                                     "(Goyal et al. 2017); none: lr as given",
+                           choices=LR_SCALING)
+    base_batch_size: int = _key(32, "the global batch size that lr is meant for", minimum=1)
+    warmup_epochs: float = _key(2.0, "epochs of gradual warm-up from lr to the scaled lr",
+                                minimum=0.0)
+    lr_decay: str = _key("cosine", "after warm-up: cosine (down to 0 at the last step) or "
+                                   "none (constant)", choices=LR_DECAY)
+    shuffle: bool = _key(True, "reshuffle every epoch (seeded by seed + epoch)", flag=True)
+    drop_last: bool = _key(False, "drop the last incomplete global batch instead of padding "
+                                  "it with repeated samples", flag=True)
+    max_steps: int = _key(0, "stop after this many steps in all (0: no limit); the lr "
+                             "schedule still spans all epochs", minimum=0)
+    eval_batch_size: int = _key(512, "batch size of the validation pass", minimum=1)
+    # --- communication ---------------------------------------------------------------------
+    regime: str = _key("allreduce", "allreduce (synchronous), ps (synchronous parameter "
+                                    "server), ps-sharded, async-ps", choices=REGIMES)
+    allreduce: str = _key("horovod", "how --regime allreduce averages gradients",
+                          choices=ALLREDUCE)
+    bucket_mb: float = _key(4.0, "gradient bucket (fusion buffer) size in MB", positive=True)
+    overlap: bool = _key(True, "reduce buckets during backward on a communication thread",
+                         flag=True)
+    # --- checkpoints and output ------------------------------------------------------------
+    checkpoint_every: str = _key("1", "N or 'N epochs': every N epochs; 'N steps': every N "
+                                      "steps; 0: never")
+    resume: str = _key("", "checkpoint to resume from; 'auto' (or a bare --resume): "
+                           "<run_dir>/checkpoint.pt if it exists", flag="auto")
+    progress: str = _key("auto", "progress bar: auto (only on a terminal), always, never",
+                         choices=PROGRESS)
+
+    def __post_init__(self):
+        for f in fields(self):
+            _check_value(f, getattr(self, f.name))
+        checkpoint_interval(self.checkpoint_every)
+
+    @property
+    def run_path(self):
+        """The run directory: ``run_dir``, or ``runs/<name>``."""
+        return Path(self.run_dir or Path("runs") / self.name)
+
+    def to_dict(self):
+        """The configuration as a plain dictionary."""
+        return dataclasses.asdict(self)
+
+    def to_toml(self):
+        """The configuration as a TOML file that ``--config`` reads back."""
+        return "".join(f"{key} = {_toml_value(value)}\n" for key, value in self.to_dict().items())
+
+
+def keys():
+    """Every configuration key, in declaration order."""
+    return [f.name for f in fields(TrainConfig)]
+
+
+def describe_keys():
+    """Two help lines per key: ``--key TYPE = default`` and what it does."""
+    lines = []
+    for f in fields(TrainConfig):
+        choices = f.metadata["choices"]
+        kind = "{" + ",".join(choices) + "}" if choices else f.type.__name__.upper()
+        default = _toml_value(f.default)
+        lines.append(f"  --{f.name.replace('_', '-')} {kind} = {default}\n"
+                     f"      {f.metadata['help']}")
+    return "\n".join(lines)
+
+
+def load_config(path=None, overrides=()):
+    """The configuration from defaults, the TOML file ``path`` and ``overrides``.
+
+    ``overrides`` is a sequence of ``(key, text)`` pairs from the command line; ``text`` is
+    ``None`` for a bare ``--key``. Raises ``UsageError`` for unknown keys and bad values.
+    """
+    values = {}
+    if path is not None:
+        for key, value in read_toml(path).items():
+            name = _known(key, f"in {path}")
+            values[name] = _from_toml(_field(name), value, path)
+    for key, text in overrides:
+        name = _known(key, "on the command line")
+        values[name] = _from_text(_field(name), text)
+    return TrainConfig(**values)
+
+
+def read_toml(path):
+    """The flat table of the TOML file ``path``; ``UsageError`` if unreadable."""
+    try:
+        with open(path, "rb") as f:
+            table = tomllib.load(f)
+    except FileNotFoundError:
+        raise UsageError(f"configuration file {str(path)!r} does not exist") from None
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise UsageError(f"configuration file {str(path)!r} is not valid TOML: {exc}") from None
+    return table
+
+
+def parse_overrides(tokens):
+    """``["--lr=0.1", "--epochs", "3", "--resume"]`` → ``[("lr", "0.1"), ("epochs", "3"),
+    ("resume", None)]``; anything that is not an option raises ``UsageError``."""
+    pairs, i = [], 0
+    while i < len(tokens):
+        token = tokens[i]
+        if not token.startswith("--") or token == "--":
+            raise UsageError(f"unexpected argument {token!r}: options are --key=value or "
+                             f"--key value")
+        key, eq, text = token[2:].partition("=")
+        if not eq:
+            nxt = tokens[i + 1] if i + 1 < len(tokens) else None
+            text = None if nxt is None or nxt.startswith("--") else nxt
+            i += text is not None
+        pairs.append((key, text))
+        i += 1
+    return pairs
+
+
+def checkpoint_interval(text):
+    """``checkpoint_every`` as ``(count, unit)``: ``"2"`` → ``(2, "epoch")``, ``"50 steps"``
+    → ``(50, "step")``, ``"0"`` → ``(0, "epoch")`` (never)."""
+    match = re.fullmatch(r"\s*(\d+)\s*(e|epochs?|s|steps?)?\s*", str(text).lower())
+    if not match:
+        raise UsageError(f"checkpoint_every: {text!r} is not N, 'N epochs' or 'N steps'")
+    unit = "step" if (match.group(2) or "e").startswith("s") else "epoch"
+    return int(match.group(1)), unit
+
+
+def _known(key, where):
+    name = key.replace("-", "_")
+    if name not in keys():
+        raise UsageError(f"unknown configuration key {key!r} {where}; valid keys: "
+                         f"{', '.join(keys())}")
+    return name
+
+
+def _field(name):
+    return next(f for f in fields(TrainConfig) if f.name == name)
+
+
+def _from_text(f, text):
+    option = f"--{f.name.replace('_', '-')}"
+    if text is None:
+        if f.metadata["flag"] is None:
+            raise UsageError(f"{option} needs a value ({f.metadata['help']})")
+        return f.metadata["flag"]
+    try:
+        if f.type is bool:
+            return _parse_bool(text)
+        return f.type(text)
+    except ValueError:
+        raise UsageError(f"{option}: {text!r} is not a valid {f.type.__name__}") from None
+
+
+def _parse_bool(text):
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(text)
+
+
+def _from_toml(f, value, path):
+    accepted = {bool: (bool,), int: (int,), float: (int, float), str: (str,)}[f.type]
+    if f.name == "checkpoint_every" and isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if isinstance(value, bool) and f.type is not bool or not isinstance(value, accepted):
+        raise UsageError(f"{f.name} in {path}: {value!r} is not a {f.type.__name__}")
+    return f.type(value)
+
+
+def _check_value(f, value):
+    meta, name = f.metadata, f.name
+    if meta["choices"] and value not in meta["choices"]:
+        raise UsageError(f"{name}: {value!r} is not one of {', '.join(meta['choices'])}")
+    if meta["minimum"] is not None and value < meta["minimum"]:
+        raise UsageError(f"{name} must be >= {meta['minimum']}, got {value}")
+    if meta["below"] is not None and value >= meta["below"]:
+        raise UsageError(f"{name} must be < {meta['below']}, got {value}")
+    if meta["positive"] and not value > 0:
+        raise UsageError(f"{name} must be > 0, got {value}")
+
+
+def _toml_value(value):
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a valid TOML basic string
+    return repr(value)

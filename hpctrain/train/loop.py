@@ -1,0 +1,495 @@
+"""The training loop: ``train(config, comm) -> TrainResult``, callable in-process.
+
+``train`` is a collective over ``comm``: every rank calls it with the same configuration.
+Start-up runs in an order that keeps bad input from hanging a job:
+
+1. local checks on every rank, no communication: the world size against the regime, the
+   checkpoint to resume, the device, the data file and its datasets, the sampler, the
+   model. Bad input raises ``UsageError`` on every rank alike;
+2. the first collectives: the digits file is prepared by rank 0 if missing (barrier),
+   ``comm`` is duplicated, the node-local rank picks the GPU;
+3. rank 0's weights and optimizer state are broadcast, and a checksum proves that every
+   rank holds the same weights.
+
+Each step: read this rank's rows, forward, backward (the regime's hooks start reducing
+gradient buckets meanwhile), ``regime.step()`` (wait for the reductions, update). Each
+epoch: validation on disjoint shards, metrics summed over ranks, one line and one CSV row
+on rank 0, and a checkpoint when due.
+"""
+
+import dataclasses
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .. import faults
+from ..data import HDF5Dataset, digits, split_indices
+from ..errors import UsageError
+from ..models import build_model, parameter_bytes
+from ..sampler import DistributedSampler, shard_indices
+from . import checkpoint, replicas, report
+from .async_ps import AsyncServerRegime
+from .config import checkpoint_interval
+from .regimes import AllreduceRegime, HorovodRegime, ServerRegime, ShardedServerRegime
+from .schedule import WarmupSchedule, target_lr
+
+
+@dataclass
+class TrainResult:
+    """What a finished run leaves on every rank."""
+
+    state: dict       # final model state (CPU copies), identical on every rank
+    history: list     # one dict per epoch: the rows of metrics.csv
+    step: int         # optimizer steps (server updates for async-ps) in all
+    checksum: int     # fingerprint of the final weights, checked equal on every rank
+    run_path: Path
+
+
+@dataclass
+class EpochSums:
+    """Running sums of one epoch on one rank; summed over ranks at the end of the epoch."""
+
+    first_step: int = 0
+    loss: float = 0.0          # sum of per-sample losses
+    correct: float = 0.0
+    samples: float = 0.0
+    data_s: float = 0.0
+    compute_s: float = 0.0
+    exposed_s: float = 0.0
+    comm_s: float = 0.0
+    wall_s: float = 0.0
+    updates: float = 0.0       # async-ps: updates the server applied
+    staleness: float = 0.0     # async-ps: sum of the applied gradients' staleness
+    staleness_max: float = 0.0
+    server_s: float = 0.0
+
+
+def train(config, comm=None):
+    """Train as ``config`` says, over ``comm`` (default ``COMM_WORLD``); return the result.
+
+    Collective: every rank of ``comm`` must call it with the same configuration.
+    """
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD if comm is None else comm
+    run = Run(config, comm)
+    try:
+        result = run.fit()
+    except BaseException:
+        run.abandon()
+        raise
+    run.close()
+    return result
+
+
+class Run:
+    """One training run: its data, model, regime, position and output."""
+
+    def __init__(self, config, comm):
+        torch.set_num_threads(config.threads)
+        self.config, self.rank, self.size = config, comm.Get_rank(), comm.Get_size()
+        self.asynchronous = config.regime == "async-ps"
+        self.trainers = self.size - 1 if self.asynchronous else self.size
+        _check_world(config, self.size)
+        self.resume_path = checkpoint.resolve(config.resume, config.run_path)
+        self.saved = checkpoint.load(self.resume_path) if self.resume_path else None
+        if self.saved is not None:
+            _check_checkpoint(self.saved, config, self.size, self.resume_path)
+        auto = digits.is_auto_prepared(config.data)
+        if not auto:  # a missing or wrong file raises UsageError here, before any collective
+            self.dataset = HDF5Dataset(config.data, config.x, config.y)
+        # First collective: every rank decides the same way, from the configuration alone.
+        self.prepared = auto and digits.ensure(config.data, comm)
+        if auto:
+            self.dataset = HDF5Dataset(config.data, config.x, config.y)
+        self.train_rows, self.val_rows = split_indices(len(self.dataset), config.val_fraction,
+                                                       config.split_seed)
+        self.sampler = _make_sampler(config, len(self.train_rows), self.rank, self.size)
+        random.seed(config.seed)
+        np.random.seed(config.seed)
+        torch.manual_seed(config.seed)
+        self.model = _make_model(config, self.dataset)
+        self.comm = comm.Dup()
+        self.device = _device(config, self.comm)
+        self.model.to(self.device)
+        self.regime = _make_regime(config, self.model, self.comm, comm)
+        update_batch = config.batch_size * (1 if self.asynchronous else self.size)
+        self.updates_per_epoch = len(self.sampler) * (self.trainers if self.asynchronous else 1)
+        self.lr = target_lr(config.lr, update_batch, config.base_batch_size, config.lr_scaling)
+        self.warmup_steps = round(config.warmup_epochs * self.updates_per_epoch)
+        # The schedule spans all epochs; max_steps only stops early and changes no step's lr,
+        # so that a run stopped and resumed follows the uninterrupted run exactly.
+        total = config.epochs * self.updates_per_epoch
+        self.schedule = WarmupSchedule(config.lr, self.lr, self.warmup_steps, total,
+                                       config.lr_decay)
+        self.step, self.sums, self.history = 0, EpochSums(), []
+        self.every = checkpoint_interval(config.checkpoint_every)
+        if self.saved is not None:
+            self._restore(self.saved)
+        self._check_same_start()
+        self.regime.broadcast_initial()
+        self.initial_checksum = replicas.check_identical(self.model, self.comm,
+                                                         "after the initial broadcast")
+        self.progress = report.Progress(0, "", False)
+        self.metrics = report.MetricsFile(config.run_path / "metrics.csv",
+                                          append=self.saved is not None, enabled=self.rank == 0)
+        if self.rank == 0:
+            self._write_header()
+
+    # --- start-up ---------------------------------------------------------------------------
+
+    def _restore(self, saved):
+        try:
+            self.model.load_state_dict(saved["model"])
+            self.regime.load_optimizer_state(saved["optimizer"])
+            self.sampler.load_state_dict(saved["sampler"])
+        except (RuntimeError, ValueError, KeyError) as exc:
+            raise UsageError(f"checkpoint {str(self.resume_path)!r} does not fit this run: "
+                             f"{exc}") from None
+        self.step = saved["step"]
+        self.sums = EpochSums(**saved["epoch_sums"])
+        checkpoint.set_rng_state(saved["rng"])
+
+    def _check_same_start(self):
+        """Collective: every rank starts at the same position (one allgather).
+
+        Ranks that found different checkpoints (``--resume auto`` with a run directory that
+        is not on a shared file system) would run different numbers of steps and hang in a
+        collective; they fail together here instead.
+        """
+        start = (str(self.resume_path), self.sampler.state_dict(), self.step)
+        starts = self.comm.allgather(start)
+        differ = [r for r, other in enumerate(starts) if other != starts[0]]
+        if differ:
+            raise UsageError(f"ranks {differ} start elsewhere than rank 0 ({starts[0]}): "
+                             f"is the run directory on a file system all ranks share?")
+
+    def _write_header(self):
+        from mpi4py import MPI
+
+        c, path = self.config, self.config.run_path
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "config.toml").write_text(c.to_toml())
+        levels = {MPI.THREAD_SINGLE: "SINGLE", MPI.THREAD_FUNNELED: "FUNNELED",
+                  MPI.THREAD_SERIALIZED: "SERIALIZED", MPI.THREAD_MULTIPLE: "MULTIPLE"}
+        how = f"allreduce {c.allreduce}" if c.regime == "allreduce" else f"regime {c.regime}"
+        shape = "x".join(map(str, self.dataset.sample_shape))
+        params = sum(p.numel() for p in self.model.parameters())
+        lines = [
+            f"hpctrain train: {self.size} rank{'s' if self.size > 1 else ''}, {how}, "
+            f"device {self.device}, MPI thread level {levels.get(MPI.Query_thread(), '?')}",
+            f"data {c.data}{' (prepared now)' if self.prepared else ''}: "
+            f"{len(self.dataset)} samples of {shape}, {self.dataset.num_classes} classes; "
+            f"{len(self.train_rows)} train / {len(self.val_rows)} validation rows",
+            self._batch_line(),
+            self._lr_line(),
+            f"model {c.model}: {params:,} parameters ({parameter_bytes(self.model) / 2**20:.2f}"
+            f" MB){self._bucket_text()}",
+            f"run directory {path}" + (f" (resumed from {self.resume_path} at epoch "
+                                       f"{self.sampler.epoch + 1}, step {self.step})"
+                                       if self.saved is not None else ""),
+            f"weights identical on all ranks after the broadcast "
+            f"(checksum {self.initial_checksum:014x})",
+            "configuration:"] + [f"  {line}" for line in c.to_toml().splitlines()]
+        print("\n".join(f"# {line}" for line in lines), flush=True)
+
+    def _batch_line(self):
+        c, s = self.config, self.sampler
+        if self.asynchronous:
+            return (f"batch {c.batch_size} per worker x {self.trainers} workers (rank 0 serves); "
+                    f"{self.updates_per_epoch} updates per epoch")
+        return (f"global batch {s.global_batch_size} = {c.batch_size} per rank x {self.size} "
+                f"ranks; {len(s)} steps per epoch ({s.padding} padded samples per epoch)"
+                if not c.drop_last else
+                f"global batch {s.global_batch_size} = {c.batch_size} per rank x {self.size} "
+                f"ranks; {len(s)} steps per epoch (drop_last)")
+
+    def _lr_line(self):
+        c = self.config
+        scaled = (f"lr {self.lr:g} = {c.lr:g} x {self.lr / c.lr * c.base_batch_size:g} / "
+                  f"{c.base_batch_size} (linear scaling)" if c.lr_scaling == "linear"
+                  else f"lr {self.lr:g} (no scaling)")
+        if self.warmup_steps:
+            scaled += (f", warm-up from {c.lr:g} over {c.warmup_epochs:g} epochs "
+                       f"({self.warmup_steps} steps)")
+        if c.lr_decay == "cosine":
+            scaled += f", then cosine decay to 0 at step {self.schedule.total_steps}"
+        return scaled
+
+    def _bucket_text(self):
+        reducer = getattr(self.regime, "reducer", None)
+        if reducer is None:
+            return ""
+        return (f", {len(reducer.buckets)} gradient bucket(s) of <= {self.config.bucket_mb:g} MB"
+                f", overlap {'on' if reducer.overlap else 'off'}")
+
+    # --- training ----------------------------------------------------------------------------
+
+    def fit(self):
+        """Train epoch after epoch until ``epochs`` or ``max_steps``; return the result."""
+        while self.sampler.epoch < self.config.epochs:
+            label = f"epoch {self.sampler.epoch + 1}/{self.config.epochs}"
+            total = self.updates_per_epoch
+            self.progress = report.Progress(total, label, report.progress_enabled(
+                self.config.progress, self.rank))
+            if self.sampler.batch == 0:
+                self.sums = EpochSums(first_step=self.step)
+            started = time.perf_counter()
+            if self.asynchronous:
+                self.regime.train_epoch(self, self.sums)
+            else:
+                self._train_epoch()
+            self.sums.wall_s += time.perf_counter() - started
+            self.progress.close()
+            self._end_epoch()
+            if self.reached_max_steps():
+                break
+            self.sampler.set_epoch(self.sampler.epoch + 1)
+        final = replicas.check_identical(self.model, self.comm, "at the end of training")
+        state = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+        return TrainResult(state, self.history, self.step, final, self.config.run_path)
+
+    def reached_max_steps(self):
+        """True once ``max_steps`` (if set) steps are done."""
+        return 0 < self.config.max_steps <= self.step
+
+    def _train_epoch(self):
+        sums, unit_every = self.sums, self.every
+        mark = self.regime.comm_seconds
+        for positions in self.sampler:
+            start = time.perf_counter()
+            x, y = self.read_batch(positions)
+            loaded = time.perf_counter()
+            self.regime.set_lr(self.schedule(self.step))
+            loss = self.forward_backward(x, y, sums)
+            computed = time.perf_counter()
+            waited = self.regime.step()
+            done = time.perf_counter()
+            sums.data_s += loaded - start
+            sums.compute_s += (computed - loaded) + (done - computed - waited)
+            sums.exposed_s += waited
+            # The communication thread's time, bucket by bucket (NaN under Horovod).
+            now = self.regime.comm_seconds
+            sums.comm_s += now - mark
+            mark = now
+            self.step += 1
+            self.progress.update(self.sampler.batch, f"loss {loss:.4f}")
+            faults.inject("train.step", self.rank)
+            if unit_every[1] == "step" and unit_every[0] and self.step % unit_every[0] == 0:
+                self._save_checkpoint()
+            if self.reached_max_steps():
+                break
+
+    def read_batch(self, positions):
+        """This rank's samples and labels at ``positions`` of the training rows."""
+        x, y = self.dataset.read(self.train_rows[positions])
+        return (torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device))
+
+    def forward_backward(self, x, y, sums):
+        """Forward and backward on one batch (mean loss); add its loss and hits to ``sums``."""
+        self.model.zero_grad(set_to_none=True)
+        output = self.model(x)
+        loss = F.cross_entropy(output, y)
+        loss.backward()
+        value = loss.item()
+        sums.loss += value * len(y)
+        sums.correct += (output.argmax(1) == y).sum().item()
+        sums.samples += len(y)
+        return value
+
+    def _end_epoch(self):
+        row = self._epoch_row(self.sums, *evaluate(self))
+        self.history.append(row)
+        if self.rank == 0:
+            print(report.epoch_line(row, self.config.epochs), flush=True)
+        self.metrics.write(row)
+        # A stop at max_steps may fall mid-epoch: the checkpoint then keeps the position
+        # inside the epoch. (async-ps has no position inside an epoch: its server reads no
+        # batches; a stop there counts as the end of the epoch.)
+        complete = self.asynchronous or self.sampler.batch >= len(self.sampler)
+        finished = self.reached_max_steps() or (complete and
+                                                self.sampler.epoch + 1 >= self.config.epochs)
+        count, unit = self.every
+        due = unit == "epoch" and complete and count and (self.sampler.epoch + 1) % count == 0
+        if count and (due or finished):
+            self._save_checkpoint(epoch_done=complete)
+
+    def _epoch_row(self, sums, val_loss, val_acc):
+        from mpi4py import MPI
+
+        values = dataclasses.astuple(sums)
+        totals = np.array(values, dtype=np.float64)
+        self.comm.Allreduce(MPI.IN_PLACE, totals, op=MPI.SUM)
+        wall = self.comm.allreduce(sums.wall_s, op=MPI.MAX)
+        t = EpochSums(*totals)
+        samples = max(t.samples, 1.0)
+        updates = t.updates if self.asynchronous else self.step - sums.first_step
+        return {
+            "epoch": self.sampler.epoch + 1, "steps": int(updates), "step": self.step,
+            "lr": self.schedule(max(self.step - 1, 0)),
+            "train_loss": t.loss / samples, "train_acc": t.correct / samples,
+            "val_loss": val_loss, "val_acc": val_acc, "samples": int(t.samples),
+            "samples_per_s": t.samples / wall if wall > 0 else math.nan, "epoch_s": wall,
+            "data_s": t.data_s / self.trainers, "compute_s": t.compute_s / self.trainers,
+            "exposed_comm_s": t.exposed_s / self.trainers,
+            "comm_s": (t.comm_s / self.trainers if not math.isnan(t.comm_s) else math.nan),
+            "staleness_mean": (t.staleness / t.updates if self.asynchronous and t.updates
+                               else math.nan),
+            "staleness_max": t.staleness_max if self.asynchronous else math.nan,
+        }
+
+    def _save_checkpoint(self, epoch_done=False):
+        """Collective (the sharded regime gathers its optimizer state); rank 0 writes."""
+        optimizer = self.regime.optimizer_state()
+        if self.rank != 0:
+            return
+        position = self.sampler.state_dict()
+        if epoch_done:
+            position = {"epoch": self.sampler.epoch + 1, "batch": 0}
+        sums = EpochSums(first_step=self.step) if epoch_done else self.sums
+        checkpoint.save(self.config.run_path / checkpoint.FILENAME, {
+            "model": self.model.state_dict(), "optimizer": optimizer, "sampler": position,
+            "step": self.step, "epoch_sums": dataclasses.asdict(sums),
+            "rng": checkpoint.rng_state(), "config": self.config.to_dict(),
+            "world_size": self.size, "regime": self.config.regime})
+
+    # --- ending ------------------------------------------------------------------------------
+
+    def close(self):
+        """Release the regime, the communicator and the file (after a successful run)."""
+        self.regime.close()
+        self.comm.Free()
+        self.dataset.close()
+
+    def abandon(self):
+        """After a failure: release what needs no other rank; the job is about to end."""
+        reducer = getattr(getattr(self, "regime", None), "reducer", None)
+        if reducer is not None:
+            reducer.close(wait=False)
+
+
+def evaluate(run):
+    """Collective: validation loss and accuracy over all ranks, each sample counted once.
+
+    Each rank evaluates a disjoint, unpadded shard of the validation rows; sums of loss,
+    hits and counts are added over ranks (one ``Allreduce``).
+    """
+    from mpi4py import MPI
+
+    rows = run.val_rows[shard_indices(len(run.val_rows), run.rank, run.size)]
+    sums = np.zeros(3)
+    run.model.eval()
+    with torch.no_grad():
+        for start in range(0, len(rows), run.config.eval_batch_size):
+            x, y = run.dataset.read(rows[start:start + run.config.eval_batch_size])
+            x, y = torch.from_numpy(x).to(run.device), torch.from_numpy(y).to(run.device)
+            output = run.model(x)
+            sums += (F.cross_entropy(output, y, reduction="sum").item(),
+                     (output.argmax(1) == y).sum().item(), len(y))
+    run.model.train()
+    run.comm.Allreduce(MPI.IN_PLACE, sums, op=MPI.SUM)
+    if sums[2] == 0:
+        return math.nan, math.nan
+    return sums[0] / sums[2], sums[1] / sums[2]
+
+
+def _check_world(config, size):
+    if config.regime == "async-ps":
+        if size < 2:
+            raise UsageError("--regime async-ps needs at least 2 ranks: rank 0 serves, the "
+                             "others train")
+        if checkpoint_interval(config.checkpoint_every)[1] == "step":
+            raise UsageError("--regime async-ps checkpoints at epoch ends only: use "
+                             "--checkpoint-every N (epochs)")
+    if config.device == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda: this torch build sees no CUDA GPU")
+        if config.regime == "allreduce" and config.allreduce == "horovod":
+            import horovod.torch as hvd
+
+            if not hvd.cuda_built():
+                raise UsageError("--device cuda with --allreduce horovod needs Horovod built "
+                                 "with CUDA; choose another --allreduce")
+
+
+def _check_checkpoint(saved, config, size, path):
+    was_sharded, is_sharded = saved.get("regime") == "ps-sharded", config.regime == "ps-sharded"
+    if was_sharded != is_sharded:
+        raise UsageError(f"checkpoint {str(path)!r} was written by --regime "
+                         f"{saved.get('regime')}; its optimizer state does not fit --regime "
+                         f"{config.regime}")
+    # Another rank count changes the global batch, hence what "batch k" of an epoch means,
+    # and the shards of a sharded optimizer: only an epoch boundary of an unsharded run
+    # can be resumed on another number of ranks.
+    if saved["world_size"] != size and (saved["sampler"]["batch"] or is_sharded):
+        raise UsageError(f"checkpoint {str(path)!r} was written by {saved['world_size']} "
+                         f"ranks mid-epoch or with a sharded optimizer: resume it on "
+                         f"{saved['world_size']} ranks (this run has {size})")
+
+
+def _make_sampler(config, num_rows, rank, size):
+    if config.regime == "async-ps":
+        rank, size = max(rank - 1, 0), size - 1  # the server takes no batches
+    try:
+        return DistributedSampler(num_rows, config.batch_size, rank, size,
+                                  shuffle=config.shuffle, seed=config.seed,
+                                  drop_last=config.drop_last)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _make_model(config, dataset):
+    try:
+        return build_model(config.model, dataset.sample_shape, dataset.num_classes,
+                           hidden=config.hidden, model_mb=config.model_mb, seed=config.seed)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _optimizer_factory(config):
+    if config.optimizer == "adam":
+        return lambda params: torch.optim.Adam(params, lr=config.lr,
+                                               weight_decay=config.weight_decay)
+    return lambda params: torch.optim.SGD(params, lr=config.lr, momentum=config.momentum,
+                                          weight_decay=config.weight_decay)
+
+
+def _make_regime(config, model, comm, user_comm):
+    from mpi4py import MPI
+
+    make_optimizer = _optimizer_factory(config)
+    # Overlap needs the communication thread to call MPI: SERIALIZED suffices, since the
+    # main thread makes no MPI call while buckets are being reduced.
+    overlap = config.overlap and MPI.Query_thread() >= MPI.THREAD_SERIALIZED
+    options = {"bucket_mb": config.bucket_mb, "overlap": overlap}
+    if config.regime == "async-ps":
+        return AsyncServerRegime(model, make_optimizer, comm)
+    if config.regime == "ps":
+        return ServerRegime(model, make_optimizer, comm, **options)
+    if config.regime == "ps-sharded":
+        return ShardedServerRegime(model, make_optimizer, comm, **options)
+    if config.allreduce == "horovod":
+        # Horovod keeps the communicator it is initialised with for the whole process: give
+        # it the caller's, which outlives this run, not our duplicate, which close() frees.
+        return HorovodRegime(model, make_optimizer, user_comm, bucket_mb=config.bucket_mb)
+    return AllreduceRegime(model, make_optimizer, comm, algo=config.allreduce, **options)
+
+
+def _device(config, comm):
+    if config.device == "cpu":
+        return torch.device("cpu")
+    from mpi4py import MPI
+
+    # Collective: ranks on one node share a communicator; its rank is the node-local rank.
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    local_rank = local.Get_rank()
+    local.Free()
+    device = torch.device("cuda", local_rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device

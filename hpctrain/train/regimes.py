@@ -1,0 +1,312 @@
+"""The synchronous training regimes: how gradients become the same update on every rank.
+
+Each regime wraps the model and its optimizer and offers the same small interface, which the
+training loop drives once per step after ``loss.backward()``:
+
+- ``broadcast_initial()``: collective; every rank gets rank 0's weights and optimizer state;
+- ``set_lr(lr)``; ``step()``: collective; finish the gradient exchange, update the weights
+  on every rank, and return the seconds spent waiting for communication after backward;
+- ``comm_seconds``: total communication time so far (NaN where the library hides it);
+- ``optimizer_state()`` / ``load_optimizer_state(state)``: for checkpoints
+  (``optimizer_state`` is collective: the sharded regime gathers its shards on rank 0);
+- ``close()``.
+
+Regimes:
+
+- ``AllreduceRegime``: gradients averaged by allreduce in overlapped buckets, then the same
+  optimizer step on every rank (``--regime allreduce``, ``--allreduce`` ≠ horovod);
+- ``HorovodRegime``: the same through ``hvd.DistributedOptimizer`` (``--allreduce horovod``);
+- ``ServerRegime``: a synchronous parameter server on rank 0: gradients are summed onto it
+  (``Reduce``, bucket by bucket, overlapped), it alone steps, then broadcasts the weights;
+- ``ShardedServerRegime``: every rank serves one shard of every bucket: ``Reduce_scatter``
+  of the gradients, a step of the shard's optimizer (its state lives only there, as in
+  ZeRO stage 1), then ``Allgatherv`` of the updated weights.
+
+All four compute the same update as one process training on the global batch.
+"""
+
+import math
+import os
+import time
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..sampler import shard_indices
+from .gradients import BucketReducer
+from .replicas import broadcast_model, broadcast_optimizer
+
+
+class Regime:
+    """What every regime shares: one local optimizer in ``self.optimizer``."""
+
+    optimizer = None
+    comm_seconds = math.nan
+
+    def set_lr(self, lr):
+        """Use ``lr`` from the next update on."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def optimizer_state(self):
+        """The optimizer's state, for a checkpoint (the same on every rank that steps)."""
+        return self.optimizer.state_dict()
+
+    def load_optimizer_state(self, state):
+        """Continue from a saved optimizer state."""
+        self.optimizer.load_state_dict(state)
+
+    def close(self):
+        """Release what the regime holds (nothing by default)."""
+
+
+class AllreduceRegime(Regime):
+    """Average gradients with ``hpctrain.collectives.allreduce(algo=algo)`` in buckets."""
+
+    def __init__(self, model, make_optimizer, comm, *, algo, bucket_mb, overlap):
+        self.model, self.comm = model, comm
+        self.optimizer = make_optimizer(model.parameters())
+        # The communication thread gets a communicator of its own, so that its collectives
+        # can never be matched with collectives the main thread issues on ``comm``.
+        self.grad_comm = comm.Dup()
+        self.algo = algo
+        if algo is not None:
+            from .. import collectives
+
+            self._allreduce = collectives.allreduce
+        # Registration order is the same on every rank (the same code builds the model), so
+        # bucket assignment is too; do not sort by name: it would break the reverse order in
+        # which backward produces gradients.
+        self.reducer = BucketReducer(model.named_parameters(), self._reduce, bucket_mb,
+                                     overlap)
+        check_same_buckets(self.reducer.buckets, comm)
+
+    def _reduce(self, flat, bucket):
+        # check=False: the per-call argument check costs one more small allreduce per
+        # bucket; check_same_buckets proved the layout equal on every rank once, up front.
+        self._allreduce(flat, op="avg", algo=self.algo, comm=self.grad_comm, check=False)
+
+    @property
+    def comm_seconds(self):
+        """Seconds the communication thread spent reducing gradients."""
+        return self.reducer.comm_seconds
+
+    def broadcast_initial(self):
+        """Collective: every rank takes rank 0's weights and optimizer state."""
+        broadcast_model(self.model, self.comm)
+        broadcast_optimizer(self.optimizer, self.comm)
+
+    def step(self):
+        """Collective: wait for the averaged gradients, then step; return seconds waited."""
+        waited = self.reducer.wait()
+        self.optimizer.step()
+        return waited
+
+    def close(self):
+        """Remove the hooks, stop the communication thread, free the communicator."""
+        self.reducer.close()
+        self.grad_comm.Free()
+
+
+def check_same_buckets(buckets, comm):
+    """Collective: raise on every rank unless all ranks cut the same buckets.
+
+    Equal layouts are what makes every rank's bucket collectives match; a rank with another
+    model (another --hidden, a different code version) would otherwise hang or mix data.
+    """
+    layout = [(b.flat.numel(), str(b.flat.dtype)) for b in buckets]
+    layouts = comm.allgather(layout)
+    differ = [r for r, other in enumerate(layouts) if other != layouts[0]]
+    if differ:
+        raise RuntimeError(f"ranks {differ} cut other gradient buckets than rank 0 "
+                           f"({len(layouts[0])} buckets): do all ranks build the same model?")
+
+
+class ServerRegime(AllreduceRegime):
+    """A synchronous parameter server on rank 0 (``--regime ps``).
+
+    Every rank, rank 0 included, computes gradients on its share of the global batch; they
+    are summed onto rank 0 bucket by bucket while backward runs; rank 0 averages them, takes
+    the optimizer step and broadcasts the new weights. Only rank 0's optimizer has state.
+    """
+
+    root = 0
+
+    def __init__(self, model, make_optimizer, comm, *, bucket_mb, overlap):
+        super().__init__(model, make_optimizer, comm, algo=None, bucket_mb=bucket_mb,
+                         overlap=overlap)
+        self.extra_seconds = 0.0
+
+    def _reduce(self, flat, bucket):
+        from mpi4py import MPI
+
+        buf = flat.numpy()
+        if self.grad_comm.Get_rank() == self.root:
+            self.grad_comm.Reduce(MPI.IN_PLACE, buf, op=MPI.SUM, root=self.root)
+            flat /= self.grad_comm.Get_size()
+        else:
+            self.grad_comm.Reduce(buf, None, op=MPI.SUM, root=self.root)
+
+    @property
+    def comm_seconds(self):
+        """Seconds spent reducing gradients onto the server and broadcasting weights."""
+        return self.reducer.comm_seconds + self.extra_seconds
+
+    def step(self):
+        """Collective: gradients onto rank 0, its step, its weights to all; seconds waited."""
+        waited = self.reducer.wait()
+        if self.comm.Get_rank() == self.root:
+            self.optimizer.step()
+        start = time.perf_counter()
+        for bucket in self.reducer.buckets:
+            _broadcast_bucket_weights(bucket, self.comm, self.root)
+        spent = time.perf_counter() - start
+        self.extra_seconds += spent
+        return waited + spent
+
+
+def _broadcast_bucket_weights(bucket, comm, root):
+    # The bucket's gradient buffer is free after wait(): re-use it to send the weights.
+    with torch.no_grad():
+        if comm.Get_rank() == root:
+            for i, p in enumerate(bucket.params):
+                bucket.slot(i).copy_(p.reshape(-1))
+        comm.Bcast(bucket.flat.numpy(), root=root)
+        if comm.Get_rank() != root:
+            for i, p in enumerate(bucket.params):
+                p.copy_(bucket.slot(i).view_as(p))
+
+
+class ShardedServerRegime(AllreduceRegime):
+    """Every rank serves a shard of every bucket (``--regime ps-sharded``).
+
+    Bucket b's flat vector is cut into ``size`` contiguous shards; rank r owns shard r: it
+    receives the summed gradient of that shard (``Reduce_scatter``), steps an optimizer that
+    holds only that shard's weights and state, and the updated shards are gathered on every
+    rank (``Allgatherv``). Optimizer state is therefore split across ranks; checkpoints
+    gather it on rank 0 and a resume needs the same number of ranks.
+    """
+
+    def __init__(self, model, make_optimizer, comm, *, bucket_mb, overlap):
+        self._make_optimizer = make_optimizer
+        super().__init__(model, lambda params: None, comm, algo=None, bucket_mb=bucket_mb,
+                         overlap=overlap)
+        rank, size = comm.Get_rank(), comm.Get_size()
+        self.layout = []  # per bucket: (counts, displacements, my slice)
+        for bucket in self.reducer.buckets:
+            counts = np.array([len(shard_indices(bucket.flat.numel(), r, size))
+                               for r in range(size)])
+            displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
+            self.layout.append((counts, displs, slice(displs[rank], displs[rank] + counts[rank])))
+        self.shard_grads = [torch.zeros(int(c[rank])) for c, _, _ in self.layout]
+        self.shards, self._pending_state = None, None
+        self.extra_seconds = 0.0
+
+    def _reduce(self, flat, bucket):
+        from mpi4py import MPI
+
+        counts = self.layout[bucket.index][0]
+        grad = self.shard_grads[bucket.index]
+        self.grad_comm.Reduce_scatter(flat.numpy(), grad.numpy(), recvcounts=counts, op=MPI.SUM)
+        grad /= self.grad_comm.Get_size()
+
+    @property
+    def comm_seconds(self):
+        """Seconds spent in Reduce_scatter of gradients and Allgatherv of weights."""
+        return self.reducer.comm_seconds + self.extra_seconds
+
+    def broadcast_initial(self):
+        """Collective: rank 0's weights to all; each shard takes rank 0's shard state."""
+        broadcast_model(self.model, self.comm)
+        self.shards = [nn.Parameter(self._flat_weights(b)[mine].clone())
+                       for b, (_, _, mine) in zip(self.reducer.buckets, self.layout)]
+        self.optimizer = self._make_optimizer(self.shards)
+        state = self._pending_state
+        shards = state["shards"] if state and self.comm.Get_rank() == 0 else None
+        mine = self.comm.scatter(shards, root=0)
+        if mine is not None:
+            self.optimizer.load_state_dict(mine)
+        self._pending_state = None
+
+    @staticmethod
+    def _flat_weights(bucket):
+        return torch.cat([p.detach().reshape(-1).cpu() for p in bucket.params])
+
+    def step(self):
+        """Collective: reduce-scatter, step the own shards, all-gather; seconds waited."""
+        from mpi4py import MPI
+
+        waited = self.reducer.wait()
+        for shard, grad in zip(self.shards, self.shard_grads):
+            shard.grad = grad
+        self.optimizer.step()
+        start = time.perf_counter()
+        for bucket, shard, (counts, displs, _) in zip(self.reducer.buckets, self.shards,
+                                                      self.layout):
+            self.comm.Allgatherv(shard.detach().numpy(),
+                                 [bucket.flat.numpy(), counts, displs, MPI.FLOAT])
+            with torch.no_grad():
+                for i, p in enumerate(bucket.params):
+                    p.copy_(bucket.slot(i).view_as(p))
+        spent = time.perf_counter() - start
+        self.extra_seconds += spent
+        return waited + spent
+
+    def optimizer_state(self):
+        """Collective: every shard's optimizer state, gathered on rank 0 (None elsewhere)."""
+        shards = self.comm.gather(self.optimizer.state_dict(), root=0)
+        if shards is None:
+            return None
+        return {"sharded": True, "world_size": self.comm.Get_size(), "shards": shards}
+
+    def load_optimizer_state(self, state):
+        """Keep a saved sharded state; ``broadcast_initial`` hands each rank its shard."""
+        if not state.get("sharded") or state["world_size"] != self.comm.Get_size():
+            raise ValueError("this checkpoint's optimizer state was not written by "
+                             f"--regime ps-sharded on {self.comm.Get_size()} ranks")
+        self._pending_state = state
+
+
+class HorovodRegime(Regime):
+    """Average gradients with ``hvd.DistributedOptimizer`` (``--allreduce horovod``).
+
+    Horovod registers its own hooks, fuses gradients into buffers of ``HOROVOD_FUSION_
+    THRESHOLD`` bytes (set from ``bucket_mb`` unless already set, and only effective at the
+    first ``hvd.init`` of the process) and overlaps their allreduces with backward on its
+    background thread. It does not expose their duration: ``comm_seconds`` is NaN.
+    """
+
+    def __init__(self, model, make_optimizer, comm, *, bucket_mb):
+        import horovod.torch as hvd
+
+        self.hvd, self.model, self.comm = hvd, model, comm
+        if not hvd.is_initialized():
+            os.environ.setdefault("HOROVOD_FUSION_THRESHOLD", str(int(bucket_mb * 2**20)))
+            hvd.init(comm=comm)
+        if (hvd.size(), hvd.rank()) != (comm.Get_size(), comm.Get_rank()):
+            raise RuntimeError(f"Horovod was initialised on another communicator "
+                               f"({hvd.size()} ranks) than this run's ({comm.Get_size()})")
+        # Horovod names every allreduce after its parameter; sorted names give every rank
+        # the same names in the same order.
+        self.optimizer = hvd.DistributedOptimizer(
+            make_optimizer(model.parameters()), named_parameters=sorted(model.named_parameters()),
+            op=hvd.Average)
+
+    def broadcast_initial(self):
+        """Collective: rank 0's parameters, buffers and (if any) optimizer state to all."""
+        self.hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
+        # A fresh optimizer has no state; Horovod would create it by a step with zero
+        # gradients, which changes Adam's step count and weights under weight decay.
+        # Every rank reaches the same decision: all of them loaded the same checkpoint.
+        if self.optimizer.state_dict()["state"]:
+            self.hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
+
+    def step(self):
+        """Collective: wait for Horovod's allreduces, then step; return seconds waited."""
+        start = time.perf_counter()
+        self.optimizer.synchronize()
+        waited = time.perf_counter() - start
+        with self.optimizer.skip_synchronize():
+            self.optimizer.step()
+        return waited

@@ -1,0 +1,51 @@
+"""Bad input ends every rank with an error, never a hang (under mpirun, every N)."""
+
+import dataclasses
+
+import pytest
+from mpi4py import MPI
+
+from hpctrain.data import synthetic
+from hpctrain.errors import UsageError
+from hpctrain.train import TrainConfig, train
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.fixture(scope="module")
+def comm():
+    return MPI.COMM_WORLD
+
+
+@pytest.fixture
+def config(comm, tmp_path):
+    path = None
+    if comm.rank == 0:
+        path = synthetic.write(tmp_path / "e.h5", 60, (6,), 3, seed=1)
+    path, run_dir = comm.bcast((path, str(tmp_path)), root=0)
+    return TrainConfig(data=str(path), run_dir=run_dir, hidden=8, epochs=1, batch_size=4,
+                       allreduce="ring", progress="never", checkpoint_every="0")
+
+
+def raises_everywhere(comm, config, error, match):
+    with pytest.raises(error, match=match):
+        train(config, comm)
+    return comm.allreduce(True, op=MPI.LAND)  # every rank got here: nobody hangs
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"y": "labels"}, "no dataset 'labels'"),
+    ({"data": "no/such/file.h5"}, "does not exist"),
+    ({"batch_size": 100, "drop_last": True}, "leaves no batch"),
+])
+def test_bad_input_raises_usage_error_on_every_rank(comm, config, change, match):
+    assert raises_everywhere(comm, dataclasses.replace(config, **change), UsageError, match)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_ranks_with_different_models_fail_together(comm, config):
+    # Only the last rank builds another model: the bucket layout check catches it before
+    # any gradient collective could pair buffers of different sizes.
+    hidden = 9 if comm.rank == comm.size - 1 else 8
+    config = dataclasses.replace(config, hidden=hidden)
+    assert raises_everywhere(comm, config, RuntimeError, "cut other gradient buckets")

@@ -1,0 +1,66 @@
+"""Resuming from a checkpoint reproduces the uninterrupted run (under mpirun, every N)."""
+
+import dataclasses
+
+import pytest
+import torch
+from mpi4py import MPI
+
+from hpctrain.data import synthetic
+from hpctrain.train import TrainConfig, checkpoint, train
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.fixture(scope="module")
+def comm():
+    return MPI.COMM_WORLD
+
+
+@pytest.fixture(scope="module")
+def data_file(comm, tmp_path_factory):
+    path = None
+    if comm.rank == 0:
+        path = synthetic.write(tmp_path_factory.mktemp("data") / "resume.h5", 120, (1, 4, 4),
+                               4, seed=2, noise=1.5)
+    return comm.bcast(path, root=0)
+
+
+@pytest.fixture
+def config(comm, data_file, tmp_path):
+    run_dir = comm.bcast(str(tmp_path), root=0)
+    return TrainConfig(data=str(data_file), run_dir=f"{run_dir}/whole", hidden=12, epochs=3,
+                       batch_size=4, lr=0.05, warmup_epochs=1.0, progress="never",
+                       checkpoint_every="0", bucket_mb=200 / 2**20)
+
+
+def same(a, b):
+    return all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("regime, algo, every", [
+    ("allreduce", "ring", "3 steps"), ("allreduce", "butterfly", "1"),
+    ("ps-sharded", "ring", "2 steps"), ("ps", "ring", "1"), ("allreduce", "horovod", "1"),
+])
+def test_resume_reproduces_the_uninterrupted_run(comm, config, regime, algo, every):
+    config = dataclasses.replace(config, regime=regime, allreduce=algo)
+    whole = train(config, comm)
+    steps_per_epoch = whole.step // config.epochs
+    # Stop one step after a checkpoint inside the second epoch, then resume from it.
+    stop = steps_per_epoch + 2 if "steps" in every else steps_per_epoch + 1
+    broken = dataclasses.replace(config, run_dir=config.run_dir.replace("whole", "broken"),
+                                 checkpoint_every=every, max_steps=stop)
+    train(broken, comm)
+    resumed = train(dataclasses.replace(broken, max_steps=0, resume="auto"), comm)
+    assert resumed.step == whole.step
+    assert comm.allreduce(same(resumed.state, whole.state), op=MPI.LAND)
+    assert len(resumed.history) == config.epochs - 1  # epochs 2 and 3, after the resume
+
+
+def test_checkpoint_holds_position_step_and_rank_count(comm, config):
+    config = dataclasses.replace(config, allreduce="ring", epochs=1, checkpoint_every="5 steps",
+                                 max_steps=5)
+    train(config, comm)
+    saved = checkpoint.load(config.run_path / "checkpoint.pt") if comm.rank == 0 else None
+    saved = comm.bcast(saved and {k: saved[k] for k in ("sampler", "step", "world_size")})
+    assert saved == {"sampler": {"epoch": 0, "batch": 5}, "step": 5, "world_size": comm.size}

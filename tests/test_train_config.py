@@ -1,0 +1,132 @@
+"""The training configuration: defaults, TOML, overrides, and the errors bad input gets."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpctrain.errors import UsageError
+from hpctrain.train.config import (TrainConfig, checkpoint_interval, keys, load_config,
+                                   parse_overrides)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_configs_digits_toml_spells_out_the_defaults():
+    assert load_config(REPO / "configs" / "digits.toml") == TrainConfig()
+
+
+def test_command_line_overrides_the_file_which_overrides_the_defaults(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('epochs = 3\nlr = 1\nallreduce = "ring"\n')
+    config = load_config(path, parse_overrides(["--lr=0.5", "--batch-size", "8"]))
+    assert (config.epochs, config.lr, config.allreduce, config.batch_size) == (3, 0.5, "ring", 8)
+    assert isinstance(config.lr, float)
+
+
+@pytest.mark.parametrize("tokens, pairs", [
+    (["--lr=0.1"], [("lr", "0.1")]),
+    (["--lr", "0.1", "--epochs=2"], [("lr", "0.1"), ("epochs", "2")]),
+    (["--resume", "--shuffle"], [("resume", None), ("shuffle", None)]),
+    (["--resume"], [("resume", None)]),
+    (["--lr", "-0.5"], [("lr", "-0.5")]),
+])
+def test_parse_overrides(tokens, pairs):
+    assert parse_overrides(tokens) == pairs
+
+
+def test_a_bare_word_is_not_an_option():
+    with pytest.raises(UsageError, match="--key=value"):
+        parse_overrides(["epochs=3"])
+
+
+def test_bare_flags_take_their_flag_value():
+    config = load_config(None, parse_overrides(["--resume", "--drop-last"]))
+    assert config.resume == "auto" and config.drop_last is True
+
+
+def test_a_bare_key_without_a_flag_value_needs_a_value():
+    with pytest.raises(UsageError, match="--epochs needs a value"):
+        load_config(None, [("epochs", None)])
+
+
+def test_unknown_key_lists_the_valid_keys(tmp_path):
+    with pytest.raises(UsageError) as info:
+        load_config(None, [("lrr", "0.1")])
+    assert "unknown configuration key 'lrr'" in str(info.value)
+    assert all(key in str(info.value) for key in keys())
+    path = tmp_path / "bad.toml"
+    path.write_text("epochz = 3\n")
+    with pytest.raises(UsageError, match="unknown configuration key 'epochz' in"):
+        load_config(path)
+
+
+@pytest.mark.parametrize("key, text, message", [
+    ("allreduce", "rign", "not one of horovod, mpi, ring, tree, butterfly, ps, ps-sharded"),
+    ("regime", "sync", "not one of allreduce, ps, ps-sharded, async-ps"),
+    ("epochs", "three", "not a valid int"),
+    ("epochs", "0", "epochs must be >= 1"),
+    ("val_fraction", "1", "val_fraction must be < 1.0"),
+    ("lr", "0", "lr must be > 0"),
+    ("shuffle", "maybe", "not a valid bool"),
+    ("checkpoint_every", "often", "not N, 'N epochs' or 'N steps'"),
+])
+def test_invalid_values_say_what_is_valid(key, text, message):
+    with pytest.raises(UsageError, match=message):
+        load_config(None, [(key, text)])
+
+
+def test_toml_values_are_type_checked(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text('epochs = "3"\n')
+    with pytest.raises(UsageError, match="epochs in .*: '3' is not a int"):
+        load_config(path)
+    path.write_text("shuffle = 1\n")
+    with pytest.raises(UsageError, match="is not a bool"):
+        load_config(path)
+
+
+def test_missing_and_broken_toml_files(tmp_path):
+    with pytest.raises(UsageError, match="does not exist"):
+        load_config(tmp_path / "none.toml")
+    path = tmp_path / "broken.toml"
+    path.write_text("epochs = = 3\n")
+    with pytest.raises(UsageError, match="not valid TOML"):
+        load_config(path)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("1", (1, "epoch")), ("0", (0, "epoch")), ("2 epochs", (2, "epoch")), ("3e", (3, "epoch")),
+    ("50 steps", (50, "step")), ("7s", (7, "step")), (4, (4, "epoch")),
+])
+def test_checkpoint_interval(text, expected):
+    assert checkpoint_interval(text) == expected
+
+
+def test_resolved_configuration_reads_back(tmp_path):
+    config = load_config(None, [("allreduce", "tree"), ("lr", "0.3"), ("name", 'a "b"')])
+    path = tmp_path / "config.toml"
+    path.write_text(config.to_toml())
+    assert load_config(path) == config
+
+
+def test_run_path_defaults_to_runs_name():
+    assert TrainConfig(name="x").run_path == Path("runs/x")
+    assert TrainConfig(run_dir="elsewhere").run_path == Path("elsewhere")
+
+
+def test_cli_rejects_unknown_keys_with_the_list_of_valid_ones():
+    result = subprocess.run([sys.executable, "-m", "hpctrain", "train", "--lrr=0.1"],
+                            capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert result.returncode == 2
+    assert "unknown configuration key 'lrr'" in result.stderr
+    assert "batch_size" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_cli_help_lists_every_key():
+    result = subprocess.run([sys.executable, "-m", "hpctrain", "train", "--help"],
+                            capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert result.returncode == 0
+    for key in keys():
+        assert f"--{key.replace('_', '-')} " in result.stdout

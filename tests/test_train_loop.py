@@ -1,0 +1,112 @@
+"""The training loop in one process (COMM_SELF), and ``hpctrain train`` launched by mpirun."""
+
+import csv
+import dataclasses
+
+import pytest
+import torch
+from mpi4py import MPI
+
+from hpctrain.data import synthetic
+from hpctrain.errors import UsageError
+from hpctrain.train import TrainConfig, train
+from hpctrain.train import checkpoint
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory):
+    return synthetic.write(tmp_path_factory.mktemp("data") / "tiny.h5", 300, (1, 4, 4), 4,
+                           seed=1, noise=2.0)
+
+
+@pytest.fixture
+def config(data_file, tmp_path):
+    return TrainConfig(data=str(data_file), run_dir=str(tmp_path / "run"), hidden=16,
+                       epochs=3, batch_size=16, lr=0.05, allreduce="ring", progress="never",
+                       warmup_epochs=1)
+
+
+def same_weights(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_run_writes_metrics_configuration_and_checkpoint(config, capsys):
+    result = train(config, MPI.COMM_SELF)
+    out = capsys.readouterr().out
+    assert "# global batch 16 = 16 per rank x 1 ranks; 15 steps per epoch" in out
+    assert out.count("\nepoch ") == 3 and "samples/s" in out and "exposed comm" in out
+    rows = list(csv.DictReader(open(config.run_path / "metrics.csv")))
+    assert [int(r["epoch"]) for r in rows] == [1, 2, 3] and int(rows[-1]["step"]) == 45
+    assert float(rows[-1]["val_acc"]) > 0.5 and result.step == 45
+    saved = checkpoint.load(config.run_path / "checkpoint.pt")
+    assert saved["sampler"] == {"epoch": 3, "batch": 0} and saved["step"] == 45
+    assert same_weights(saved["model"], result.state)
+    assert (config.run_path / "config.toml").read_text() == config.to_toml()
+
+
+@pytest.mark.parametrize("every, stop", [("4 steps", 21), ("1", 17)])
+def test_resume_reproduces_the_uninterrupted_run_bitwise(config, tmp_path, every, stop):
+    whole = train(dataclasses.replace(config, checkpoint_every="0"), MPI.COMM_SELF)
+    broken = dataclasses.replace(config, checkpoint_every=every, max_steps=stop,
+                                 run_dir=str(tmp_path / "broken"))
+    train(broken, MPI.COMM_SELF)                 # "crashes" after `stop` steps
+    resumed = train(dataclasses.replace(broken, max_steps=0, resume="auto"), MPI.COMM_SELF)
+    assert resumed.step == whole.step
+    assert same_weights(resumed.state, whole.state)
+
+
+def test_digits_are_prepared_on_first_use(tmp_path):
+    path = tmp_path / "data" / "digits.h5"
+    config = TrainConfig(data=str(path), run_dir=str(tmp_path / "run"), epochs=1,
+                         max_steps=2, allreduce="mpi", progress="never", checkpoint_every="0")
+    train(config, MPI.COMM_SELF)
+    assert path.is_file()
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"data": "missing.h5"}, "does not exist"),
+    ({"x": "pixels"}, "no dataset 'pixels'"),
+    ({"regime": "async-ps"}, "needs at least 2 ranks"),
+    ({"resume": "nowhere.pt"}, "checkpoint 'nowhere.pt' does not exist"),
+    ({"batch_size": 1000, "drop_last": True}, "leaves no batch"),
+    ({"model": "cnn", "data": None}, "image samples"),
+])
+def test_bad_input_is_a_usage_error(config, tmp_path, change, message):
+    if change.get("data", "") is None:
+        change["data"] = str(synthetic.write(tmp_path / "flat.h5", 50, (8,), 2))
+    with pytest.raises(UsageError, match=message):
+        train(dataclasses.replace(config, **change), MPI.COMM_SELF)
+
+
+def test_a_checkpoint_of_another_model_is_a_usage_error(config, tmp_path):
+    train(dataclasses.replace(config, epochs=1), MPI.COMM_SELF)
+    other = dataclasses.replace(config, hidden=8, resume=str(config.run_path / "checkpoint.pt"),
+                                run_dir=str(tmp_path / "other"))
+    with pytest.raises(UsageError, match="does not fit this run"):
+        train(other, MPI.COMM_SELF)
+
+
+# --- launched under mpirun --------------------------------------------------------------------
+
+def test_two_ranks_train_from_the_command_line(mpirun, hpctrain_cmd, data_file, tmp_path):
+    run = mpirun(2, [*hpctrain_cmd, "train", f"--data={data_file}", "--hidden", "16",
+                     "--epochs=2", "--allreduce", "tree", f"--run-dir={tmp_path}",
+                     "--progress=never"], timeout=240)
+    assert run.returncode == 0, run.output
+    assert "# global batch 64 = 32 per rank x 2 ranks" in run.output
+    assert run.output.count("\nepoch ") == 2       # rank 0 alone prints
+    assert (tmp_path / "metrics.csv").is_file()
+
+
+def test_bad_option_ends_every_rank_with_status_2(mpirun, hpctrain_cmd):
+    run = mpirun(2, [*hpctrain_cmd, "train", "--allreduce=rign"], timeout=120)
+    assert run.returncode == 2
+    assert "allreduce: 'rign' is not one of horovod, mpi, ring" in run.output
+
+
+def test_a_rank_failing_mid_training_ends_the_job(mpirun, hpctrain_cmd, data_file, tmp_path):
+    run = mpirun(3, [*hpctrain_cmd, "train", f"--data={data_file}", "--allreduce=ring",
+                     f"--run-dir={tmp_path}", "--progress=never"], timeout=240,
+                 env={"HPCTRAIN_FAULT": "train.step@1"})
+    assert run.returncode != 0
+    assert "rank 1 of 3" in run.output and "InjectedFault" in run.output

@@ -1,0 +1,36 @@
+"""The model registry."""
+
+import pytest
+import torch
+
+from hpctrain.models import MODELS, build_model, parameter_bytes
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("shape", [(1, 8, 8), (1, 28, 28), (3, 9, 7)])
+def test_every_model_maps_samples_to_class_scores(name, shape):
+    model = build_model(name, shape, 10, hidden=16, model_mb=0.5)
+    assert model(torch.zeros(5, *shape)).shape == (5, 10)
+
+
+def test_same_seed_same_weights_and_no_change_to_the_global_generator():
+    state = torch.get_rng_state()
+    a = build_model("mlp", (64,), 10, seed=3)
+    b = build_model("mlp", (64,), 10, seed=3)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+    c = build_model("mlp", (64,), 10, seed=4)
+    assert not torch.equal(next(a.parameters()), next(c.parameters()))
+
+
+@pytest.mark.parametrize("mb", [0.25, 4, 16, 64])
+def test_wide_model_gradient_is_the_asked_size(mb):
+    model = build_model("wide", (1, 8, 8), 10, model_mb=mb)
+    assert parameter_bytes(model) / 2**20 == pytest.approx(mb, rel=0.01)
+
+
+def test_unknown_model_and_bad_cnn_input():
+    with pytest.raises(ValueError, match="choose one of mlp, cnn, wide"):
+        build_model("resnet", (1, 8, 8), 10)
+    with pytest.raises(ValueError, match="image samples"):
+        build_model("cnn", (64,), 10)
