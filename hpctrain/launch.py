@@ -29,6 +29,22 @@ def mpirun_command(np, command, *, mpirun="mpirun", extra=()):
     return argv
 
 
+#: Variables through which a running MPI process (an mpirun rank, or a singleton: a process
+#: that called ``MPI_Init`` without a launcher) reaches its own runtime. A new ``mpirun``
+#: started with them inherited joins that runtime instead of starting its own, and fails
+#: without a word; they are dropped from the environment of every launch we start.
+#: Settings that users give (``OMPI_MCA_btl_tcp_if_include`` and the like) are kept.
+RUNTIME_VARIABLE_PREFIXES = ("PMIX_", "ORTE_", "OMPI_COMM_WORLD_", "OMPI_APP_CTX_",
+                             "OMPI_MCA_ess", "OMPI_MCA_pmix", "OMPI_MCA_orte_")
+
+
+def launch_environment(environ=None):
+    """``environ`` (default ``os.environ``) without the variables of a running MPI runtime."""
+    environ = os.environ if environ is None else environ
+    return {name: value for name, value in environ.items()
+            if not name.startswith(RUNTIME_VARIABLE_PREFIXES)}
+
+
 def main(argv=None):
     """``python -m hpctrain.launch -np N [MPIRUN OPTIONS --] COMMAND...``: exec mpirun."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -43,7 +59,7 @@ def main(argv=None):
     if mpirun is None:
         sys.exit("mpirun not found: install Open MPI (scripts/setup does) or put it on PATH")
     full = mpirun_command(np, command, mpirun=mpirun, extra=extra)
-    os.execv(mpirun, full)
+    os.execve(mpirun, full, launch_environment())
 
 
 if __name__ == "__main__":

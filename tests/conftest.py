@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.launch import mpirun_command
+from hpctrain.launch import launch_environment, mpirun_command
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -59,7 +59,7 @@ class Launch:
 def launch(np, command, *, timeout, env=None):
     """Run ``command`` on ``np`` local ranks; raise ``MpirunHung`` if it outlives ``timeout``."""
     argv = mpirun_command(np, [str(c) for c in command])
-    full_env = {**os.environ, **(env or {})}
+    full_env = {**launch_environment(), **(env or {})}
     start = time.monotonic()
     # A session of its own, so that a hung launch can be killed with everything it started.
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -82,3 +82,40 @@ def _alive(pid):
     # A zombie has exited; only its parent's wait is missing.
     with open(f"/proc/{pid}/stat") as stat:
         return stat.read().split(")")[-1].split()[0] != "Z"
+
+
+def test_a_process_that_initialised_mpi_can_still_launch_mpirun(tmp_path):
+    """An MPI singleton (MPI_Init without a launcher) exports its runtime's variables; an
+    mpirun started with them inherited fails silently. Our launches drop them."""
+    import subprocess
+
+    from hpctrain.launch import launch_environment
+
+    program = textwrap.dedent("""
+        import subprocess, sys
+        from mpi4py import MPI
+        from hpctrain.launch import launch_environment, mpirun_command
+        MPI.COMM_WORLD.Barrier()
+        argv = mpirun_command(2, [sys.executable, "-c", "print('child ran')"])
+        env = launch_environment() if sys.argv[1] == "clean" else None
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        print("rc", done.returncode, done.stdout.count("child ran"))
+    """)
+    script = tmp_path / "nested.py"
+    script.write_text(program)
+    clean = subprocess.run([sys.executable, str(script), "clean"], capture_output=True,
+                           text=True, timeout=120, env=launch_environment())
+    assert clean.stdout.strip() == "rc 0 2", clean.stdout + clean.stderr
+    # The variables dropped are the ones that break it: inheriting them fails.
+    inherited = subprocess.run([sys.executable, str(script), "inherit"], capture_output=True,
+                               text=True, timeout=120, env=launch_environment())
+    assert inherited.stdout.strip() != "rc 0 2", inherited.stdout + inherited.stderr
+
+
+def test_launch_environment_keeps_user_settings():
+    from hpctrain.launch import launch_environment
+
+    env = launch_environment({"PMIX_RANK": "0", "OMPI_MCA_ess": "singleton",
+                              "OMPI_COMM_WORLD_SIZE": "2", "OMPI_MCA_btl_tcp_if_include": "lo",
+                              "SLURM_JOB_ID": "7", "PATH": "/bin"})
+    assert env == {"OMPI_MCA_btl_tcp_if_include": "lo", "SLURM_JOB_ID": "7", "PATH": "/bin"}

@@ -61,8 +61,8 @@ def test_ranks_land_on_different_hosts(vcluster):
 
 def test_two_host_allreduce_crosses_the_link(vcluster):
     result = run_on_cluster(vcluster, 2, sys.executable, "-m", "hpctrain", "bench",
-                            "allreduce", "--algos", "ring,butterfly,mpi", "-b", "8", "-e", "4M",
-                            "-f", "8", "-n", "3", "-w", "1")
+                            "allreduce", "--algos", "ring,butterfly,mpi", "-b", "4K", "-e", "4M",
+                            "-f", "4", "-n", "3", "-w", "1")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "# Out of bounds values : 0 OK" in result.stdout
     # 4 MiB at 1 Gbit/s takes >= 2(p-1)/p * 4 MiB / 125 MB/s = 33 ms on the ring: the data

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from ..errors import UsageError
-from ..launch import mpirun_command
+from ..launch import launch_environment, mpirun_command
 
 
 def command(launcher, ranks, argv):
@@ -34,7 +34,7 @@ def run(launcher, ranks, argv, timeout):
     full = command(launcher, ranks, argv)
     try:
         done = subprocess.run(full, capture_output=True, text=True, timeout=timeout,
-                              start_new_session=True)
+                              env=launch_environment(), start_new_session=True)
     except subprocess.TimeoutExpired as exc:
         raise RuntimeError(f"`{shlex.join(full)}` did not finish within {timeout} s") from exc
     if done.returncode != 0:
