@@ -58,3 +58,20 @@ def test_shellcheck_jobs_and_scripts():
                if p.read_text().startswith("#!/usr/bin/env bash")]
     files = [*JOBS.glob("*.sbatch"), *JOBS.glob("lib/*.sh"), *scripts]
     subprocess.run(["shellcheck", "-x", "-s", "bash", *map(str, files)], check=True, cwd=REPO)
+
+
+@pytest.mark.parametrize("per_node, ranks, want", [
+    ("4", 4, ["-N", "1"]), ("4", 5, ["-N", "2"]), ("4", 16, ["-N", "4"]),
+    ("4(x3)", 8, ["-N", "2"]), ("", 8, []),
+])
+def test_study_srun_steps_take_the_fewest_nodes(per_node, ranks, want):
+    from hpctrain.study.launcher import srun_nodes
+
+    assert srun_nodes(ranks, {"SLURM_NTASKS_PER_NODE": per_node}) == want
+
+
+def test_gpu_scripts_set_the_gpu_environment():
+    for script in JOBS.glob("train-gpu*.sbatch"):
+        text = script.read_text()
+        assert "gpus-per-node" in sbatch_options(script), script.name
+        assert "source jobs/lib/gpu-env.sh" in text and "--device cuda" in text, script.name

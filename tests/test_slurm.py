@@ -6,6 +6,7 @@ through a separate copy of the script.
 """
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -83,3 +84,29 @@ def test_a_failing_job_fails_in_slurm_too(slurm_env, tmp_path):
                           "--ntasks-per-node=2", extra_env={"HPCTRAIN_FAULT": "info.gather@1"})
     assert code != 0
     assert "[hpctrain] rank 1 of 2" in output
+
+
+@pytest.mark.parametrize("script", ["jobs/train-cpu.sbatch", "jobs/train-cpu-multinode.sbatch"])
+def test_train_job_reaches_its_accuracy_line(slurm_env, tmp_path, script):
+    # The multi-node script runs here on the one node (2 cores) this Slurm has: same body,
+    # resized through sbatch's options.
+    code, output = submit(slurm_env, script, tmp_path, "--nodes=1", "--ntasks-per-node=2",
+                          "--cpus-per-task=1",
+                          extra_env={"HPCTRAIN_ARGS": f"--epochs 3 --run-dir {tmp_path}/run"})
+    assert code == 0, output
+    assert "# job " in output and ": 2 tasks on 1 node(s)" in output
+    accuracy = re.findall(r"^epoch\s+3/3 .* val_acc\s+([\d.]+)%", output, re.M)
+    assert accuracy and float(accuracy[0]) > 80, output
+    assert (tmp_path / "run" / "metrics.csv").exists()
+    assert "\r" not in output, "the job asked for --progress never"
+
+
+def test_study_job_writes_its_report(slurm_env, tmp_path):
+    code, output = submit(slurm_env, "jobs/study.sbatch", tmp_path, "--nodes=1",
+                          "--ntasks-per-node=2", "--time=00:10:00",
+                          extra_env={"HPCTRAIN_ARGS": f"--quick --algos ring,mpi "
+                                                      f"--out {tmp_path}/report"})
+    assert code == 0, output
+    assert "# study at 2 ranks (2 per node)" in output
+    for name in ("study.h5", "params.json", "summary.md"):
+        assert (tmp_path / "report" / name).exists(), output

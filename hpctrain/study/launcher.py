@@ -17,16 +17,28 @@ def command(launcher, ranks, argv):
     """The argv that starts ``argv`` on ``ranks`` ranks with ``launcher``.
 
     ``local``: this machine's mpirun (root and oversubscription flags added as needed);
-    ``srun``: ``srun --mpi=pmix -n N`` inside a Slurm allocation; anything else is a command
-    prefix that takes ``-np N`` (for example ``scripts/vcluster mpirun``).
+    ``srun``: ``srun --mpi=pmix -N K -n N`` inside a Slurm allocation (K: :func:`srun_nodes`);
+    anything else is a command prefix that takes ``-np N`` (for example
+    ``scripts/vcluster mpirun``).
     """
     if launcher == "local":
         return mpirun_command(ranks, argv)
     if launcher == "srun":
         if "SLURM_JOB_ID" not in os.environ:
             raise UsageError("--launcher srun needs a Slurm allocation (salloc or sbatch)")
-        return ["srun", "--mpi=pmix", "-n", str(ranks), *argv]
+        return ["srun", "--mpi=pmix", *srun_nodes(ranks), "-n", str(ranks), *argv]
     return [*shlex.split(launcher), "-np", str(ranks), *argv]
+
+
+def srun_nodes(ranks, environ=None):
+    """``-N K``: the fewest nodes of the allocation that hold ``ranks`` tasks, so that a sweep
+    over rank counts is a sweep over node counts (srun would otherwise spread the tasks over
+    every node). Nothing when the allocation does not say its tasks per node."""
+    environ = os.environ if environ is None else environ
+    per_node = environ.get("SLURM_NTASKS_PER_NODE", "").split("(")[0]
+    if not per_node.isdigit() or int(per_node) < 1:
+        return []
+    return ["-N", str(-(-ranks // int(per_node)))]
 
 
 def run(launcher, ranks, argv, timeout):
