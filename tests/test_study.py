@@ -1,6 +1,7 @@
 """The cost model in-process; the quick study end to end (it launches mpirun itself)."""
 
 import json
+import re
 import sys
 
 import h5py
@@ -110,6 +111,32 @@ def test_quick_study_writes_the_report(tmp_path):
     assert "Model error on every measured point" in summary
     params = json.loads((out / "params.json").read_text())
     assert set(params["fitted"]) == {"alpha", "beta", "gamma"}
+    # The winners that --allreduce auto will use: one per measured (p, size).
+    assert {p: len(rows) for p, rows in params["measured_best"].items()} == \
+        {"2": len(set(table["size"])), "3": len(set(table["size"]))}
+
+
+def test_study_times_auto_against_the_best_fixed_algorithm(tmp_path):
+    import subprocess
+
+    profile = tmp_path / "params.json"
+    profile.write_text(json.dumps({
+        "fitted": {"alpha": 1e-6, "beta": 1e-9, "gamma": 1e-10},
+        "p2p_prior": {"alpha": 1e-6, "beta": 1e-9, "gamma": 1e-10},
+        "measured_best": {"2": [[8, "tree"], [32768, "ring"]]}}))
+    out = tmp_path / "report"
+    done = subprocess.run([sys.executable, "-m", "hpctrain", "study", "allreduce", "--np", "2",
+                           "--sizes", "8:32K", "--factor", "64", "--iters", "3",
+                           "--algos", "ring,tree,mpi", "--profile", str(profile),
+                           "--out", str(out)], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    with h5py.File(out / "study.h5") as f:
+        table = f["allreduce"][:]
+    chose = {int(r["size"]): r["chose"].decode() for r in table if r["algo"] == b"auto"}
+    assert chose == {8: "tree", 512: "tree", 32768: "ring"}
+    summary = (out / "summary.md").read_text()
+    assert "## `--allreduce auto` against the best fixed algorithm" in summary
+    assert re.search(r"auto / best fixed: median [\d.]+, worst [\d.]+ over 3 points", summary)
 
 
 def test_study_refuses_to_run_under_mpirun(mpirun, hpctrain_cmd):

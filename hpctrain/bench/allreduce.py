@@ -49,6 +49,8 @@ def run(args, comm):
                 f"{format_size(args.maxbytes)} x{args.stepfactor}", "iters": args.iters,
                 "warmup": args.warmup, "check": args.check, "device": args.device}
     _print(comm, *report.header_lines("allreduce", settings, comm), *_column_header())
+    if "auto" in algos:
+        collectives.auto.use(collectives.auto.load(args.profile, comm))  # collective
     rows = []
     # Horovod's background thread, once started, polls MPI every cycle and slows whatever runs
     # after it on shared cores: it is timed last, over all sizes, and then stopped.
@@ -66,6 +68,14 @@ def run(args, comm):
                 _print(comm, format_row(row))
     if "horovod" in algos:
         collectives.horovod.shutdown()
+    if "auto" in algos:
+        # Which algorithm ran: the row's own, or auto's choice at that size.
+        for row in rows:
+            row["chose"] = collectives.auto.choice(row["size"], comm.size)[0] \
+                if row["algo"] == "auto" else row["algo"]
+        _print(comm, "# auto chose: " + "  ".join(
+            f"{format_size(row['size'])} {row['chose']}" for row in rows
+            if row["algo"] == "auto"))
     wrong = sum(max(row["wrong"], 0) for row in rows)
     _print(comm, *footer_lines(rows, algos, wrong, args.check))
     if comm.rank == 0:
@@ -76,10 +86,13 @@ def run(args, comm):
 def validate(args):
     """The algorithms to run, after checking every option (same verdict on every rank)."""
     algos = args.algos.split(",") if args.algos else default_algos()
-    unknown = [name for name in algos if name not in collectives.ALGORITHMS]
+    unknown = [name for name in algos if name not in collectives.ALGORITHMS and name != "auto"]
     if unknown:
         raise UsageError(f"unknown algorithm(s) {', '.join(unknown)} in --algos; valid: "
-                         f"{', '.join(sorted(collectives.ALGORITHMS))}")
+                         f"{', '.join(sorted(collectives.ALGORITHMS))}, auto")
+    if ("auto" in algos) != bool(getattr(args, "profile", None)):
+        raise UsageError("--algos auto and --profile PARAMS_JSON go together (auto chooses "
+                         "from the profile that `hpctrain study allreduce` writes)")
     if args.dtype not in DTYPES:
         raise UsageError(f"unknown type {args.dtype!r} (-d); valid: {', '.join(DTYPES)}")
     if args.op not in OPS:

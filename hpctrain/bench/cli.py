@@ -25,6 +25,8 @@ def add_parser(subparsers):
     allreduce.add_argument("-d", "--dtype", default="float32",
                            help="float16, bfloat16, float32, float64, int32 or int64")
     allreduce.add_argument("-o", "--op", default="sum", help="sum, avg, min or max")
+    allreduce.add_argument("--profile", metavar="PARAMS_JSON",
+                           help="the profile for --algos auto: params.json of a study")
     allreduce.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                            help="where the buffers live (cuda: one GPU per local rank)")
     allreduce.set_defaults(func=_run_allreduce)

@@ -9,7 +9,8 @@
 - ``ps``: one parameter server, point-to-point (``root=0``);
 - ``ps-sharded``: ``k`` servers, one shard each (``servers=p``);
 - ``mpi``: the MPI library's ``Allreduce`` (baseline);
-- ``horovod``: ``hvd.allreduce`` (baseline; needs Horovod).
+- ``horovod``: ``hvd.allreduce`` (baseline; needs Horovod);
+- ``auto``: one of the above per message size, from a study's profile (``auto.use``).
 
 Every algorithm takes the same buffers (NumPy arrays, torch tensors on CPU or CUDA), dtypes
 (``DTYPES``) and ops (``OPS``) and reduces on a private duplicate of the communicator.
@@ -18,11 +19,11 @@ docs/collectives.md gives each algorithm's cost and where it should win.
 
 import importlib.util
 
-from . import butterfly, horovod, mpi, ps, ring, tree  # noqa: F401 - each registers itself
+from . import auto, butterfly, horovod, mpi, ps, ring, tree  # noqa: F401 - each registers itself
 from .base import (ALGORITHMS, DTYPES, OPS, Algorithm, MismatchError, allreduce,
                    allreduce_fused, context)
 
-__all__ = ["ALGORITHMS", "DTYPES", "OPS", "Algorithm", "MismatchError", "allreduce",
+__all__ = ["ALGORITHMS", "auto", "DTYPES", "OPS", "Algorithm", "MismatchError", "allreduce",
            "allreduce_fused", "available", "context"]
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import UsageError
+from . import auto
 
 #: The MPI module, imported (and MPI initialised) when the first communicator is used, so
 #: that importing this package, listing algorithms or checking arguments needs no MPI.
@@ -606,7 +607,8 @@ def allreduce(buf, op="sum", algo="ring", comm=None, check=True, **options):
     are reduced), dtype float16, bfloat16 (torch only), float32, float64, int32 or int64, in
     host memory or on a CUDA device. ``op``: ``sum``, ``avg``, ``min`` or ``max``; ``avg`` is
     the sum divided by the number of ranks, with floor division for integer dtypes.
-    ``algo``: a name in ``ALGORITHMS``; ``options``: that algorithm's options (``root=``,
+    ``algo``: a name in ``ALGORITHMS``, or ``auto`` (chosen per size from the profile given
+    to :func:`hpctrain.collectives.auto.use`); ``options``: that algorithm's options (``root=``,
     ``servers=``, ``switch_bytes=``). ``comm``: an mpi4py intracommunicator, default
     ``COMM_WORLD``; the data moves on a private duplicate of it, so pending user messages
     are never matched.
@@ -630,6 +632,8 @@ def allreduce(buf, op="sum", algo="ring", comm=None, check=True, **options):
     has been synchronised, and the reductions run on the device with torch; otherwise the
     data is staged through a reused page-locked host buffer.
     """
+    if algo == "auto":
+        algo = auto.NAME[0]     # "auto#<generation of the profile in use>"
     if comm is None:
         ctx = _WORLD or context()
     else:
@@ -674,7 +678,13 @@ def resolve(ctx, buf, op, algo, options):
     flat, dtype, device = flatten(buf)
     count = len(flat)
     key = (algo, op, dtype.code, count, device, options_key(options) if options else ())
-    plan = ctx.plans.get(key) or ctx.plan(key, algo, op, dtype, count, options, device)
+    if algo[:5] == "auto#":
+        # The profile's choice for this size, cached under the profile's own name
+        # (auto.current_name), so that a new profile takes effect at the next call.
+        chosen = auto.choice(count * dtype.itemsize, ctx.size)[0]
+        plan = ctx.plans.get(key) or ctx.plan(key, chosen, op, dtype, count, options, device)
+    else:
+        plan = ctx.plans.get(key) or ctx.plan(key, algo, op, dtype, count, options, device)
     if options or device is not None:
         return flat, plan
     if type(buf) is np.ndarray and not dtype.half:
@@ -729,6 +739,8 @@ def allreduce_fused(tensors, op="avg", algo="ring", comm=None, check=True, **opt
     are part of the mismatch check.
     """
     tensors = list(tensors)
+    if algo == "auto":
+        algo = auto.NAME[0]
     ctx = context(comm)
     try:
         buffer, sizes = _fused_buffer(ctx, tensors)

@@ -18,6 +18,8 @@ from ..bench import report
 from ..bench.sizes import format_size
 from . import costmodel, launcher, plots
 from .predict import prediction_table, prediction_markdown
+from .. import collectives
+from ..collectives import auto
 
 QUICK = {"np": "2,3", "sizes": "8:1M", "factor": 16, "iters": 5, "warmup": 1}
 
@@ -44,6 +46,9 @@ def run(args):
     for p in ranks:
         _say(f"allreduce at {p} ranks{' (oversubscribed)' if p > cores else ''}")
         algos = ("--algos", args.algos) if args.algos else ()
+        if args.profile:
+            names = args.algos.split(",") if args.algos else collectives.available()
+            algos = ("--algos", ",".join([*names, "auto"]), "--profile", args.profile)
         result = _bench(args, p, "allreduce", *algos, "-b", low, "-e", high, "-f", factor,
                         "-n", iters, "-w", warmup)
         rows += [{**row, "np": p, "oversubscribed": int(p > cores)} for row in result["rows"]]
@@ -80,7 +85,8 @@ def write_outputs(out, p2p, rows, prior, fitted, scale, cores, ranks):
     _add_tables(os.path.join(out, "study.h5"), p2p["rows"], scale)
     report.write_json(os.path.join(out, "params.json"),
                       {"fitted": fitted.as_dict(), "p2p_prior": prior.as_dict(),
-                       "switch_bytes": costmodel.DEFAULT_SWITCH_BYTES, "cores": cores})
+                       "switch_bytes": costmodel.DEFAULT_SWITCH_BYTES, "cores": cores,
+                       "measured_best": auto.measured_best(rows)})
     for p in ranks:
         plots.busbw_vs_size(rows, p, os.path.join(out, f"busbw_p{p}.png"), cores)
     sizes = sorted({r["size"] for r in rows if r["size"] > 0})
@@ -117,8 +123,37 @@ def summary(rows, prior, fitted, scale, cores, env):
     lines += ["", "## Model error on every measured point (fitted parameters)", "",
               _error_summary(rows, prior, fitted), "", _point_table(rows), "",
               "## Crossovers: the size from which the ring beats tree and butterfly", "",
-              _crossovers(rows, fitted), "", "## Prediction at scale (fitted parameters)", "",
-              prediction_markdown(scale), ""]
+              _crossovers(rows, fitted), ""]
+    if any(r["algo"] == "auto" for r in rows):
+        lines += ["## `--allreduce auto` against the best fixed algorithm", "",
+                  _auto_table(rows), ""]
+    lines += ["## Prediction at scale (fitted parameters)", "", prediction_markdown(scale), ""]
+    return "\n".join(lines)
+
+
+def _auto_table(rows):
+    """auto's median time against the fastest fixed algorithm's at every measured point."""
+    points = {}
+    for r in rows:
+        points.setdefault((r["np"], r["size"]), {})[r["algo"]] = r
+    lines = ["| p | size | auto chose | auto (µs) | best fixed | best (µs) | auto / best |",
+             "|---|---|---|---|---|---|---|"]
+    ratios = []
+    for (p, size), by_algo in sorted(points.items()):
+        mine = by_algo.get("auto")
+        fixed = [r for a, r in by_algo.items() if a not in ("auto", "horovod")]
+        if mine is None or not fixed or size <= 0:
+            continue
+        best = min(fixed, key=lambda r: r["time_median_us"])
+        ratio = mine["time_median_us"] / best["time_median_us"]
+        ratios.append(ratio)
+        lines.append(f"| {p} | {format_size(size)} | {mine.get('chose', '?')} | "
+                     f"{mine['time_median_us']:.1f} | {best['algo']} | "
+                     f"{best['time_median_us']:.1f} | {ratio:.2f} |")
+    if ratios:
+        lines += ["", f"auto / best fixed: median {np.median(ratios):.2f}, worst "
+                      f"{max(ratios):.2f} over {len(ratios)} points (1.00: auto ran the "
+                      "fastest; the same algorithm timed twice differs by the noise)."]
     return "\n".join(lines)
 
 

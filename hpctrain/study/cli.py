@@ -23,6 +23,10 @@ def add_parser(subparsers):
     allreduce.add_argument("--warmup", type=int, help="warm-up iterations (default: 2)")
     allreduce.add_argument("--quick", action="store_true",
                            help="np 2,3, sizes 8:1M x16, 5 iterations: under 2 minutes")
+    allreduce.add_argument("--profile", metavar="PARAMS_JSON",
+                           help="also time --allreduce auto with this profile (an earlier "
+                                "study's params.json) and compare it with the best fixed "
+                                "algorithm at every point")
     allreduce.add_argument("--launcher", default="local",
                            help="local (mpirun here), srun (in a Slurm allocation), or a "
                                 "command prefix taking -np N, e.g. 'scripts/vcluster mpirun'")

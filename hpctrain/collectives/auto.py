@@ -1,0 +1,132 @@
+"""``algo="auto"``: the allreduce algorithm chosen per message size from a saved profile.
+
+A profile is the ``params.json`` that ``hpctrain study allreduce`` writes: the fitted α-β-γ
+model and, for every rank count the study measured, the fastest algorithm at each measured
+size. For a call of ``n`` bytes on ``p`` ranks, :meth:`Profile.choose` takes
+
+- the measured winner at the measured size nearest to ``n`` (in log scale) when the study
+  ran at ``p`` ranks: measurements beat a model wherever they exist;
+- otherwise the algorithm the cost model predicts fastest (ring, tree or butterfly; ``mpi``
+  is modelled as the better of ring and butterfly, so it never wins on the model alone).
+
+    from hpctrain.collectives import allreduce, auto
+    auto.use(auto.load("runs/study-allreduce/params.json", comm))   # collective
+    allreduce(grad, op="avg", algo="auto")
+
+Every rank must choose the same algorithm for the same call: :func:`load` reads the file on
+rank 0 and broadcasts it, so ranks agree even without a shared file system.
+"""
+
+import bisect
+import json
+import math
+from dataclasses import dataclass, field
+
+from ..errors import UsageError
+
+#: What the model may choose where nothing was measured.
+MODEL_CHOICES = ("ring", "tree", "butterfly")
+#: Never chosen: Horovod runs through its own thread and path, not through ``allreduce``.
+NOT_CHOSEN = ("horovod",)
+
+_ACTIVE = []        # [Profile] once use() was called
+#: The name under which ``allreduce`` caches the plans of ``algo="auto"``: new with every
+#: profile, so that plans chosen by an older one are never reused.
+NAME = ["auto#0"]
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Model parameters plus the measured winners: ``best[p] = ((size, algo), ...)``."""
+
+    alpha: float
+    beta: float
+    gamma: float
+    switch_bytes: int = 64 << 10
+    best: dict = field(default_factory=dict)
+    source: str = ""
+
+    @classmethod
+    def from_dict(cls, data, source=""):
+        """A profile from ``params.json``'s content; ``UsageError`` naming what is missing."""
+        try:
+            params = data["fitted"]
+            if not any(params[k] > 0 for k in ("alpha", "beta", "gamma")):
+                params = data["p2p_prior"]   # a degenerate fit: fall back to ping-pong's
+            best = {int(p): tuple(sorted((int(size), str(algo)) for size, algo in rows))
+                    for p, rows in data.get("measured_best", {}).items()}
+            return cls(float(params["alpha"]), float(params["beta"]), float(params["gamma"]),
+                       int(data.get("switch_bytes", 64 << 10)), best, source)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UsageError(f"{source or 'profile'} is not an allreduce profile (the "
+                             f"params.json of `hpctrain study allreduce`): {exc!r}") from None
+
+    def choose(self, nbytes, ranks):
+        """The algorithm for ``nbytes`` on ``ranks`` ranks (see the module docstring)."""
+        rows = self.best.get(ranks)
+        if rows:
+            sizes = [size for size, _ in rows]
+            i = bisect.bisect_left(sizes, nbytes)
+            near = [j for j in (i - 1, i) if 0 <= j < len(rows)]
+            j = min(near, key=lambda k: abs(math.log2(max(sizes[k], 1))
+                                            - math.log2(max(nbytes, 1))))
+            return rows[j][1]
+        from ..study import costmodel
+
+        params = costmodel.Params(self.alpha, self.beta, self.gamma)
+        return min(MODEL_CHOICES, key=lambda algo: costmodel.predict(
+            algo, nbytes, ranks, params, switch_bytes=self.switch_bytes))
+
+
+def measured_best(rows):
+    """``{p: [[size, algo], ...]}``: the fastest algorithm (median call) per (ranks, size)
+    in a study's rows (bench rows plus ``np``)."""
+    winners = {}
+    for row in rows:
+        if row["algo"] in NOT_CHOSEN or row["algo"] == "auto" or row["size"] <= 0 or row.get("wrong", 0) > 0:
+            continue
+        key = (row["np"], row["size"])
+        if key not in winners or row["time_median_us"] < winners[key][1]:
+            winners[key] = (row["algo"], row["time_median_us"])
+    best = {}
+    for (ranks, size), (algo, _) in sorted(winners.items()):
+        best.setdefault(str(ranks), []).append([size, algo])
+    return best
+
+
+def load(path, comm=None):
+    """The profile in ``path``, read by rank 0 of ``comm`` and broadcast (collective).
+
+    A missing or malformed file raises ``UsageError`` on every rank.
+    """
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD if comm is None else comm
+    data = error = None
+    if comm.rank == 0:
+        try:
+            with open(path) as f:
+                data = json.load(f)
+        except FileNotFoundError:
+            error = (f"--allreduce auto: no profile at {path!r}; write one with `hpctrain "
+                     f"study allreduce --out DIR` and pass DIR/params.json")
+        except (OSError, ValueError) as exc:
+            error = f"--allreduce auto: cannot read the profile {path!r}: {exc}"
+    data, error = comm.bcast((data, error), root=0)
+    if error:
+        raise UsageError(error)
+    return Profile.from_dict(data, str(path))
+
+
+def use(profile):
+    """Make ``profile`` the one ``algo="auto"`` consults (in this process)."""
+    _ACTIVE[:] = [profile]
+    NAME[0] = f"auto#{int(NAME[0][5:]) + 1}"
+
+
+def choice(nbytes, ranks):
+    """``(algo, profile)`` for an ``auto`` call; ``UsageError`` if no profile is in use."""
+    if not _ACTIVE:
+        raise UsageError("algo='auto' needs a profile: call hpctrain.collectives.auto.use("
+                         "auto.load(PATH)) first (train: --allreduce-profile PATH)")
+    return _ACTIVE[0].choose(nbytes, ranks), _ACTIVE[0]
