@@ -10,8 +10,8 @@ divided by the *max* time (a collective is done when its last rank is); ``busbw`
 comparable across rank counts and against a link's bandwidth. The JSON and HDF5 outputs also
 hold ``time_median_us``, the slowest rank's median call, which studies fit models to.
 The timed loop runs on zeros (stable values, no denormals) with the collectives'
-argument-agreement check off, so the times are the algorithms' own; the correctness pass (``-c 1``) runs with the check on, on
-small integers whose sum is exact in every dtype and in any order, and counts wrong elements.
+argument-agreement check off, so the times are the algorithms' own; the correctness pass
+(``-c 1``) runs with the check on, on small integers whose sum is exact in every dtype and in any order, and counts wrong elements.
 """
 
 import sys
@@ -195,7 +195,8 @@ def _column_header():
 
 def footer_lines(rows, algos, wrong, checked):
     """nccl-tests' footer: wrong-value total, then average bus bandwidth per algorithm."""
-    verdict = "N/A (no check, -c 0)" if not checked else f"{wrong} {'OK' if wrong == 0 else 'FAILED'}"
+    verdict = "N/A (no check, -c 0)" if not checked else \
+        f"{wrong} {'OK' if wrong == 0 else 'FAILED'}"
     lines = [f"# Out of bounds values : {verdict}", "# Avg bus bandwidth (GB/s):"]
     for algo in algos:
         values = [row["busbw_GBps"] for row in rows if row["algo"] == algo]

@@ -83,7 +83,8 @@ def measured_best(rows):
     in a study's rows (bench rows plus ``np``)."""
     winners = {}
     for row in rows:
-        if row["algo"] in NOT_CHOSEN or row["algo"] == "auto" or row["size"] <= 0 or row.get("wrong", 0) > 0:
+        if row["algo"] in (*NOT_CHOSEN, "auto") or row["size"] <= 0 \
+                or row.get("wrong", 0) > 0:
             continue
         key = (row["np"], row["size"])
         if key not in winners or row["time_median_us"] < winners[key][1]:

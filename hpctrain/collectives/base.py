@@ -624,8 +624,8 @@ def allreduce(buf, op="sum", algo="ring", comm=None, check=True, **options):
     detected before any data moves, by one extra small allreduce (about ``ceil(lg p)``
     latencies), and raises :class:`MismatchError` on every rank; an argument that is wrong
     on only some ranks raises its own ``UsageError`` there and a ``MismatchError`` on the
-    others (``comm`` excepted: it must be valid everywhere). With ``check=False`` that allreduce is saved, and a mismatched call may hang or
-    return garbage. An error in the data phase itself (an MPI failure) is not coordinated:
+    others (``comm`` excepted: it must be valid everywhere). With ``check=False`` that
+    allreduce is saved, and a mismatched call may hang or return garbage. An error in the data phase itself (an MPI failure) is not coordinated:
     run under :func:`hpctrain.runtime.run_guarded` so that it ends the job.
 
     CUDA tensors: a CUDA-aware MPI gets device memory straight after the current stream

@@ -172,7 +172,8 @@ def _error_summary(rows, prior, fitted):
 
 
 def _point_table(rows):
-    lines = ["| p | size | algo | measured median (µs) | model (µs) | error |", "|---|---|---|---|---|---|"]
+    lines = ["| p | size | algo | measured median (µs) | model (µs) | error |",
+             "|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (r["np"], r["size"], r["algo"])):
         star = "*" if r["oversubscribed"] else ""
         model = r["model_us"]
