@@ -104,3 +104,15 @@ def test_bench_p2p_needs_two_ranks(mpirun, hpctrain_cmd):
     result = mpirun(1, [*hpctrain_cmd, "bench", "p2p"], timeout=60)
     assert result.returncode == 2
     assert "bench p2p needs at least 2 ranks, got 1" in result.output
+
+
+def test_fit_alpha_beta_never_goes_negative():
+    # Small messages that beat the line (a burst allowance): the free fit's alpha is < 0.
+    sizes = [1 << 20, 4 << 20, 16 << 20]
+    seconds = [0.0067, 0.033, 0.138]
+    alpha, beta = fit_alpha_beta(sizes, seconds)
+    rates = [n / t for n, t in zip(sizes, seconds)]
+    assert alpha == 0.0 and min(rates) < 1 / beta < max(rates)
+    # Flat times (pure latency, noise makes the slope negative): beta is 0.
+    alpha, beta = fit_alpha_beta([8, 64, 512], [2.1e-6, 2.0e-6, 1.9e-6])
+    assert beta == 0.0 and alpha == pytest.approx(2.0e-6, rel=0.05)
