@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from .. import collectives, faults
+from ..devices import rank_device
 from ..errors import UsageError
 from . import report
 from .sizes import format_size, size_range
@@ -43,7 +44,7 @@ def run(args, comm):
     itemsize = torch.empty(0, dtype=dtype).element_size()
     counts = sorted({size // itemsize for size in size_range(args.minbytes, args.maxbytes,
                                                              args.stepfactor)})
-    device = torch.device(args.device)
+    device = rank_device(args.device, comm)   # collective: one GPU per node-local rank
     settings = {"ranks": comm.size, "algos": ",".join(algos), "type": args.dtype,
                 "redop": args.op, "sizes": f"{format_size(args.minbytes)}..."
                 f"{format_size(args.maxbytes)} x{args.stepfactor}", "iters": args.iters,
@@ -83,6 +84,12 @@ def run(args, comm):
     return wrong
 
 
+def _horovod_on_gpu():
+    import horovod.torch as hvd
+
+    return hvd.cuda_built()
+
+
 def validate(args):
     """The algorithms to run, after checking every option (same verdict on every rank)."""
     algos = args.algos.split(",") if args.algos else default_algos()
@@ -101,6 +108,11 @@ def validate(args):
         raise UsageError(f"need -n >= 1 and -w >= 0, got -n {args.iters} -w {args.warmup}")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA device is visible to this process")
+    if args.device == "cuda" and "horovod" in algos and not _horovod_on_gpu():
+        if args.algos:
+            raise UsageError("--device cuda with --algos horovod needs Horovod built with GPU "
+                             "operations (docs/gpu.md); this one is CPU-only")
+        algos.remove("horovod")   # the default list: time what can run on the GPU
     return algos
 
 

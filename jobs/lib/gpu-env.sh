@@ -13,8 +13,11 @@ export OMPI_MCA_btl=^openib
 export UCX_TLS=${UCX_TLS:-rc,sm,cuda_copy,gdr_copy,cuda_ipc}
 # The HCA port to use; `ibv_devinfo` lists them. One rail per node is the simple default.
 export UCX_NET_DEVICES=${UCX_NET_DEVICES:-mlx5_0:1}
-# Horovod: allreduce on GPU through NCCL (use MPI only with a CUDA-aware MPI and no NCCL).
-export HOROVOD_GPU_OPERATIONS=${HOROVOD_GPU_OPERATIONS:-NCCL}
+# Horovod's GPU operations (NCCL, or MPI over a CUDA-aware MPI) are fixed when Horovod is
+# BUILT (HOROVOD_GPU_OPERATIONS=NCCL at build time, docs/gpu.md); no run-time variable changes
+# them. Log what this installation has, so a CPU-only build is noticed before training.
+python -c 'import horovod.torch as hvd; print(f"# horovod: cuda_built={hvd.cuda_built()} nccl_built={bool(hvd.nccl_built())}")' \
+    || echo "# horovod: not importable (only --allreduce other than horovod will work)"
 # NCCL: use GPUDirect RDMA when the GPU and the NIC share a PCIe switch or a CPU socket (PHB);
 # lower it to PIX if transfers are slower with it, raise to SYS to force it.
 export NCCL_NET_GDR_LEVEL=${NCCL_NET_GDR_LEVEL:-PHB}

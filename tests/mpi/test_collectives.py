@@ -430,23 +430,6 @@ def test_fused_numpy_arrays_and_errors():
     _all_ranks(ok, [mixed])
 
 
-# ----- CUDA ----------------------------------------------------------------------------------
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
-@pytest.mark.parametrize("algo", ["ring", "butterfly", "mpi"])
-def test_cuda_tensors(algo):
-    device = torch.device("cuda", RANK % torch.cuda.device_count())
-    failures = []
-    for dtype in ("float32", "bfloat16", "int64"):
-        values = contribution(RANK, 1009, salt=4)
-        tensor = torch.tensor(values, dtype=getattr(torch, dtype), device=device)
-        allreduce(tensor, algo=algo)
-        got = tensor.cpu().to(torch.float64).numpy()
-        if not np.array_equal(got, reference(dtype, "sum", 1009, salt=4).astype(np.float64)):
-            failures.append(f"{algo} {dtype}")
-    _all_ranks(not failures, failures)
-
-
 # ----- Horovod, last -------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,96 @@
+"""What every GPU test shares: the communicator, the skip for machines without CUDA, the
+rank's GPU, the collective assertion and the fixtures (a module imports the fixtures it
+uses). Not a conftest.py: a second module named ``conftest`` would shadow tests/conftest.py
+for the tests that import from it."""
+
+import pytest
+import torch
+from mpi4py import MPI
+
+from hpctrain.data import synthetic
+from hpctrain.train import TrainConfig
+
+COMM = MPI.COMM_WORLD
+SIZE, RANK = COMM.Get_size(), COMM.Get_rank()
+
+#: Every GPU test needs a CUDA device; torch's CPU build (CI, laptops) sees none.
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="no CUDA device: torch sees none "
+                                       "(CPU build or no GPU visible to this process)")
+
+#: The marks of every module here: run under mpirun (pytest-mpi), GPU only.
+GPU_MODULE = [pytest.mark.mpi, pytest.mark.gpu, needs_cuda]
+
+
+def local_rank(comm=COMM):
+    """This rank's index among the ranks of its node (collective over ``comm``)."""
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    rank = local.Get_rank()
+    local.Free()
+    return rank
+
+
+def rank_device():
+    """The GPU the library's convention gives this rank: node-local rank modulo the GPU
+    count, so that ranks outnumbering GPUs share them (collective over ``COMM``)."""
+    return torch.device("cuda", local_rank() % torch.cuda.device_count())
+
+
+def all_ranks(ok, failures=()):
+    """Assert, on every rank alike, that ``ok`` holds on every rank; the message lists the
+    failures of all ranks. A rank failing alone would leave the others waiting."""
+    everyone = COMM.allgather((bool(ok), [str(f) for f in failures][:10]))
+    lines = [f"rank {rank}: {f}" for rank, (_, fails) in enumerate(everyone) for f in fails]
+    assert all(good for good, _ in everyone), "\n".join(lines) or "failed on some rank"
+
+
+def horovod_gpu_missing():
+    """Why Horovod cannot reduce CUDA tensors here, or ``""`` if it can."""
+    try:
+        import horovod.torch as hvd
+    except ImportError as exc:
+        return f"Horovod is not installed ({exc}); scripts/setup builds it"
+    if not hvd.cuda_built():
+        return ("Horovod built without GPU operations (hvd.cuda_built() is False): rebuild "
+                "it with HOROVOD_GPU_OPERATIONS=NCCL, see docs/gpu.md")
+    if not hvd.nccl_built():
+        from hpctrain.mpi_support import cuda_awareness
+
+        awareness = cuda_awareness()
+        if awareness.aware is not True:
+            return (f"Horovod has no NCCL and MPI is not CUDA-aware ({awareness}): its GPU "
+                    f"allreduce cannot run")
+    return ""
+
+
+# ----- fixtures ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def device():
+    """This rank's GPU (collective): see :func:`rank_device`."""
+    return rank_device()
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory):
+    """40 rows of 1x3x3 synthetic samples over 3 classes, written by rank 0 (collective)."""
+    path = None
+    if RANK == 0:
+        path = synthetic.write(tmp_path_factory.mktemp("data") / "gpu.h5", 40, (1, 3, 3), 3,
+                               seed=7, noise=0.5)
+    return COMM.bcast(path, root=0)
+
+
+@pytest.fixture
+def tiny_config(data_file, tmp_path):
+    """``tiny_config(name, **changes)``: a few SGD steps on ``data_file``, in a run directory
+    of its own (under rank 0's temporary directory, shared by every rank)."""
+    run_root = COMM.bcast(str(tmp_path), root=0)
+
+    def make(name, **changes):
+        settings = dict(data=str(data_file), run_dir=f"{run_root}/{name}", hidden=8, epochs=2,
+                        batch_size=3, val_fraction=0.25, lr=0.1, momentum=0.9,
+                        lr_scaling="none", warmup_epochs=0.0, lr_decay="none",
+                        checkpoint_every="0", progress="never")
+        return TrainConfig(**{**settings, **changes})
+    return make
