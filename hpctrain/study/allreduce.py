@@ -17,6 +17,7 @@ import numpy as np
 from ..bench import report
 from ..bench.sizes import format_size
 from . import costmodel, launcher, plots
+from .sweep import machine_lines, rank_counts, say
 from .predict import prediction_table, prediction_markdown
 from .. import collectives
 from ..collectives import auto
@@ -30,21 +31,21 @@ def run(args):
         for key, value in QUICK.items():
             if getattr(args, key) is None:
                 setattr(args, key, value)
-    ranks = _rank_counts(args.np or "2,3,4")
+    ranks = rank_counts(args.np or "2,3,4", minimum=2)
     low, high = _size_span(args.sizes or "8:64M")
     factor, iters, warmup = args.factor or 4, args.iters or 10, args.warmup or 2
     os.makedirs(args.out, exist_ok=True)
     cores = os.cpu_count() or 1
     started = time.monotonic()
 
-    _say(f"p2p at 2 ranks ({args.launcher})")
+    say(f"p2p at 2 ranks ({args.launcher})")
     p2p = _bench(args, 2, "p2p", "-b", low or 1, "-e", high, "-f", factor, "-n", iters * 5,
                  "-w", warmup)
     gamma = measure_gamma(high)
     prior = costmodel.Params(p2p["alpha_s"], p2p["beta_s_per_byte"], gamma)
     rows = []
     for p in ranks:
-        _say(f"allreduce at {p} ranks{' (oversubscribed)' if p > cores else ''}")
+        say(f"allreduce at {p} ranks{' (oversubscribed)' if p > cores else ''}")
         algos = ("--algos", args.algos) if args.algos else ()
         if args.profile:
             names = args.algos.split(",") if args.algos else collectives.available()
@@ -60,7 +61,7 @@ def run(args):
     scale = prediction_table(fitted)
     write_outputs(args.out, p2p, rows, prior, fitted, scale, cores, ranks)
     wrong = sum(max(r["wrong"], 0) for r in rows)
-    _say(f"report in {args.out} ({time.monotonic() - started:.0f} s); wrong values: {wrong}")
+    say(f"report in {args.out} ({time.monotonic() - started:.0f} s); wrong values: {wrong}")
     return 1 if wrong else 0
 
 
@@ -108,12 +109,8 @@ def _add_tables(path, p2p_rows, scale):
 
 def summary(rows, prior, fitted, scale, cores, env):
     """The report's markdown: set-up, parameters, model error, crossovers, prediction."""
-    over = sorted({r["np"] for r in rows if r["oversubscribed"]})
     lines = ["# Allreduce scaling study", "",
-             f"- machine: {cores} cores; hpctrain {env['versions']['hpctrain']}, {env['mpi']}",
-             f"- oversubscribed points (more ranks than cores, marked *): p = "
-             f"{', '.join(map(str, over)) or 'none'}. Their times include ranks waiting for a "
-             "core, so they overstate what p cores would take.", "",
+             *machine_lines(cores, env, sorted({r["np"] for r in rows})), "",
              "## Model parameters", "",
              "| set | α (µs) | β (ns/B) | 1/β (GB/s) | γ (ns/B) |", "|---|---|---|---|---|"]
     for name, params in (("from p2p + local add", prior), ("fitted to allreduces", fitted)):
@@ -225,18 +222,6 @@ def _bench(args, ranks, kind, *options):
             return json.load(f)
 
 
-def _rank_counts(text):
-    from ..errors import UsageError
-
-    try:
-        counts = sorted({int(part) for part in text.split(",")})
-    except ValueError:
-        raise UsageError(f"--np takes rank counts like 2,3,4, got {text!r}") from None
-    if counts[0] < 2:
-        raise UsageError(f"--np rank counts must be >= 2, got {text!r}")
-    return counts
-
-
 def _size_span(text):
     from ..bench.sizes import parse_size
     from ..errors import UsageError
@@ -245,7 +230,3 @@ def _size_span(text):
     if not sep:
         raise UsageError(f"--sizes takes MIN:MAX like 8:64M, got {text!r}")
     return parse_size(low), parse_size(high)
-
-
-def _say(text):
-    print(f"[study] {text}", flush=True)

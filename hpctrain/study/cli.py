@@ -1,10 +1,24 @@
-"""``hpctrain study``: allreduce scaling studies and predictions at scale."""
+"""``hpctrain study``: allreduce and training scaling studies, and predictions at scale."""
 
+import argparse
 import os
+
+TRAIN_DESCRIPTION = """\
+Training throughput under WEAK scaling: the batch per rank stays fixed while the ranks grow
+(global batch = batch x p). For every --np and every --allreduce name, one MPI job trains the
+same model on the same batches: `hpctrain train --allreduce NAME`, or for the name `ddp`
+PyTorch DistributedDataParallel over gloo, the baseline you would otherwise pick. The first
+epoch of each run is warm-up; the others give samples/s (all ranks' samples over the slowest
+rank's training time). Scaling efficiency = samples/s at p / (p x samples/s at 1).
+
+Writes to --out: train.json (every point and epoch), samples_per_s_vs_p.png,
+efficiency_vs_p.png, summary.md (a table; points with more ranks than cores are marked *),
+and runs/ (each run's metrics.csv and log). Run it as one process, not under mpirun.
+"""
 
 
 def add_parser(subparsers):
-    """Register ``study allreduce`` and ``study predict``."""
+    """Register ``study allreduce``, ``study train`` and ``study predict``."""
     parser = subparsers.add_parser(
         "study", help="scaling studies: sweep, fit the α-β-γ model, plot, predict at scale",
         description="Run as ONE process (not under mpirun): the study launches the benchmarks "
@@ -27,14 +41,39 @@ def add_parser(subparsers):
                            help="also time --allreduce auto with this profile (an earlier "
                                 "study's params.json) and compare it with the best fixed "
                                 "algorithm at every point")
-    allreduce.add_argument("--launcher", default="local",
-                           help="local (mpirun here), srun (in a Slurm allocation), or a "
-                                "command prefix taking -np N, e.g. 'scripts/vcluster mpirun'")
-    allreduce.add_argument("--launch-timeout", type=int, default=900,
-                           help="seconds before a launch counts as hung (default: 900)")
-    allreduce.add_argument("--out", default=os.path.join("runs", "study-allreduce"),
-                           help="report folder (default: runs/study-allreduce)")
+    _add_launch_options(allreduce, os.path.join("runs", "study-allreduce"))
     allreduce.set_defaults(func=_run_allreduce)
+
+    train = kinds.add_parser(
+        "train", help="training samples/s and weak-scaling efficiency per algorithm, vs DDP",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=TRAIN_DESCRIPTION,
+        epilog="examples:\n"
+               "  python -m hpctrain study train --quick         # np 1,2; ring, horovod, ddp\n"
+               "  python -m hpctrain study train --np 1,2,4 --allreduce ring,mpi,horovod,ddp\n"
+               "  python -m hpctrain study train --model wide --set model_mb=4 --epochs 2")
+    train.add_argument("--np", help="rank counts; 1 is always added (default: 1,2,4)")
+    train.add_argument("--allreduce", help="hpctrain train's --allreduce names, and ddp for "
+                                           "the PyTorch baseline (default: horovod,mpi,ring,"
+                                           "tree,butterfly,ddp; horovod where installed)")
+    train.add_argument("--model", default="mlp", help="model to train (default: mlp)")
+    train.add_argument("--batch-size", type=int, default=32,
+                       help="batch size PER RANK, the same at every p (default: 32)")
+    train.add_argument("--epochs", type=int,
+                       help="epochs per run, the first one warm-up (default: 3)")
+    train.add_argument("--max-steps", type=int, default=0,
+                       help="stop each run after this many steps (default: 0, no limit)")
+    train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="any other `hpctrain train` key, for every run (repeatable), "
+                            "e.g. --set data=data/synthetic.h5 --set model_mb=16")
+    train.add_argument("--rounds", type=int,
+                       help="repeat every point, algorithm order rotated; the best round is "
+                            "reported, the median beside it (default: 1)")
+    train.add_argument("--quick", action="store_true",
+                       help="np 1,2, ring,horovod,ddp, 2 epochs of the digits MLP: about a "
+                            "minute")
+    _add_launch_options(train, os.path.join("runs", "study-train"))
+    train.set_defaults(func=_run_train)
 
     predict = kinds.add_parser(
         "predict", help="predicted time and busbw per algorithm for p <= 4096, n <= 1 GiB",
@@ -51,11 +90,28 @@ def add_parser(subparsers):
     return parser
 
 
+def _add_launch_options(parser, out):
+    # What every study that launches MPI jobs takes: how to launch, how long, where to write.
+    parser.add_argument("--launcher", default="local",
+                        help="local (mpirun here), srun (in a Slurm allocation), or a "
+                             "command prefix taking -np N, e.g. 'scripts/vcluster mpirun'")
+    parser.add_argument("--launch-timeout", type=int, default=900,
+                        help="seconds before a launch counts as hung (default: 900)")
+    parser.add_argument("--out", default=out, help=f"report folder (default: {out})")
+
+
 def _run_allreduce(args):
     _single_process()
     from . import allreduce
 
     return allreduce.run(args)
+
+
+def _run_train(args):
+    _single_process()
+    from . import train
+
+    return train.run(args)
 
 
 def _run_predict(args):

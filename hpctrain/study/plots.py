@@ -70,6 +70,48 @@ def prediction(table, path, title):
     _save(fig, path)
 
 
+def throughput_vs_ranks(rows, path, cores):
+    """Training samples/s against p, one line per algorithm (``study train``)."""
+    _against_ranks(rows, "samples_per_s", path, cores, ylabel="samples/s (all ranks)",
+                   title="training throughput, weak scaling")
+
+
+def efficiency_vs_ranks(rows, path, cores):
+    """Scaling efficiency against p, one line per algorithm, with the ideal 1 (``study train``)."""
+    ax = _against_ranks(rows, "efficiency", None, cores, ylabel="efficiency  S(p) / (p·S(1))",
+                        title="weak-scaling efficiency")
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="ideal")
+    ax.legend(fontsize=8)
+    _save(ax.figure, path)
+
+
+def _against_ranks(rows, key, path, cores, *, ylabel, title):
+    # Hollow markers and a grey band: points with more ranks than cores (oversubscribed).
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for index, algo in enumerate(_algos(rows)):
+        mine = sorted((r["np"], r[key]) for r in rows if r["algo"] == algo)
+        ax.plot(*zip(*mine), "-", color=f"C{index % 10}", label=algo)
+        for p, value in mine:
+            ax.plot(p, value, "o", color=f"C{index % 10}",
+                    markerfacecolor="white" if p > cores else f"C{index % 10}")
+    ranks = sorted({r["np"] for r in rows})
+    if ranks[-1] > cores:
+        ax.axvspan(cores + 0.5, ranks[-1] + 0.5, color="grey", alpha=0.12,
+                   label=f"oversubscribed (> {cores} cores)")
+    if ranks[-1] >= 8 * ranks[0]:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(ranks, [str(p) for p in ranks])
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("ranks p (batch per rank fixed)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(f"{title} on {cores} cores")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    if path is not None:
+        _save(fig, path)
+    return ax
+
+
 def _algos(rows):
     return sorted({r["algo"] for r in rows})
 

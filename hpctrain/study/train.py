@@ -1,0 +1,222 @@
+"""``hpctrain study train``: training throughput under weak scaling, per algorithm, against DDP.
+
+Weak scaling: the batch per rank is fixed, so the global batch grows with p and an epoch of
+the data set takes ceil(N / (batch × p)) steps. For every rank count and every ``--allreduce``
+name the study launches one MPI job (:mod:`.launcher`): ``hpctrain train --allreduce NAME``,
+or for ``ddp`` the PyTorch ``DistributedDataParallel`` baseline (:mod:`.ddp`) on the same
+model, data, batches and optimizer. It reads the run's ``metrics.csv``; the first epoch is
+warm-up (reported apart), the rest is measured: samples/s = Σ samples / Σ epoch time over the
+measured epochs, with train's definition of both (every rank's training samples, the slowest
+rank's time). With ``--rounds N`` every point runs N times, the algorithms' order rotated,
+and the best round stands for it. Scaling efficiency at p is samples/s(p) / (p ·
+samples/s(1)) of the same algorithm. The report folder holds ``train.json`` (every point and
+every epoch of every run), ``samples_per_s_vs_p.png``, ``efficiency_vs_p.png``,
+``summary.md`` and ``runs/`` (each run's directory and log).
+"""
+
+import csv
+import math
+import os
+import statistics
+import sys
+import time
+
+from .. import collectives
+from ..bench import report
+from ..errors import UsageError
+from ..train.config import ALLREDUCE
+from . import launcher, plots
+from .sweep import machine_lines, rank_counts, say
+
+#: The PyTorch DistributedDataParallel baseline's name among the ``--allreduce`` names.
+DDP = "ddp"
+# Horovod leaves the default lists where it is not installed.
+DEFAULTS = {"np": "1,2,4", "allreduce": "horovod,mpi,ring,tree,butterfly,ddp", "epochs": 3,
+            "rounds": 1}
+QUICK = {"np": "1,2", "allreduce": "ring,horovod,ddp", "epochs": 2, "rounds": 1}
+
+
+def run(args):
+    """Run the whole study; return 0 (a failed launch raises with its output)."""
+    defaults = QUICK if args.quick else DEFAULTS
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    ranks, algos = _rank_counts(args.np), algorithms(args.allreduce)
+    if args.allreduce == defaults["allreduce"]:
+        algos = [a for a in algos if a != "horovod" or "horovod" in collectives.available()]
+    if args.epochs < 2:
+        raise UsageError("--epochs must be >= 2: the first epoch is warm-up, the rest measured")
+    if args.rounds < 1:
+        raise UsageError(f"--rounds must be >= 1, got {args.rounds}")
+    bad = [item for item in args.set if "=" not in item]
+    if bad:
+        raise UsageError(f"--set takes KEY=VALUE (a key of `hpctrain train --help`), got {bad}")
+    cores = os.cpu_count() or 1
+    os.makedirs(args.out, exist_ok=True)
+    started = time.monotonic()
+    histories = {}
+    for round_ in range(args.rounds):
+        # Rotate the algorithms' order each round, so that none always runs first or last
+        # while the machine's load drifts.
+        order = algos[round_ % len(algos):] + algos[:round_ % len(algos)]
+        for p in ranks:
+            for algo in order:
+                say(f"round {round_ + 1}/{args.rounds}: {algo} at {p} rank(s)"
+                    f"{' (oversubscribed)' if p > cores else ''}")
+                histories.setdefault((algo, p), []).append(_launch(args, algo, p, round_))
+    rows = scaling_rows(histories, cores)
+    write_outputs(args, rows, histories, cores)
+    say(f"report in {args.out} ({time.monotonic() - started:.0f} s)")
+    return 0
+
+
+def algorithms(text):
+    """The ``--allreduce`` names, in the given order; ``UsageError`` for unknown ones."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    valid = (*ALLREDUCE, DDP)
+    unknown = [name for name in names if name not in valid]
+    if unknown or not names:
+        raise UsageError(f"--allreduce: unknown {', '.join(unknown) or 'empty list'}; choose "
+                         f"from {', '.join(valid)}")
+    return list(dict.fromkeys(names))
+
+
+def measured(history):
+    """One run's figures from its ``metrics.csv`` rows: epoch 1 is warm-up, the rest counts."""
+    if len(history) < 2:
+        raise RuntimeError("the run stopped within its first (warm-up) epoch: raise --max-steps "
+                           "or --epochs so that at least one epoch is measured")
+    warm, rest = history[0], history[1:]
+    seconds = sum(r["epoch_s"] for r in rest)
+    return {"samples_per_s": sum(r["samples"] for r in rest) / seconds,
+            "warmup_samples_per_s": warm["samples_per_s"], "measured_epochs": len(rest),
+            "steps": sum(int(r["steps"]) for r in rest), "epoch_s": seconds / len(rest),
+            "compute_s": _mean(rest, "compute_s"), "exposed_comm_s": _mean(rest, "exposed_comm_s"),
+            "first_epoch_loss": warm["train_loss"], "last_epoch_loss": rest[-1]["train_loss"]}
+
+
+def scaling_rows(histories, cores):
+    """One row per (algorithm, p): the best round, efficiency, and the ratio to DDP.
+
+    The best round, as in docs/training.md: on a shared machine other jobs only ever slow a
+    run down, so the fastest round is the one they disturbed least. The median is kept too.
+    """
+    rows = []
+    for (algo, p), runs in sorted(histories.items(), key=lambda item: (item[0][1], item[0][0])):
+        figures = [measured(history) for history in runs]
+        best = max(figures, key=_speed)
+        rows.append({"algo": algo, "np": p, "oversubscribed": int(p > cores),
+                     "rounds": len(figures), **best,
+                     "median_samples_per_s": statistics.median(map(_speed, figures)),
+                     "per_rank_samples_per_s": best["samples_per_s"] / p})
+    speed = {(r["algo"], r["np"]): r["samples_per_s"] for r in rows}
+    for r in rows:
+        base, ddp = speed.get((r["algo"], 1)), speed.get((DDP, r["np"]))
+        r["efficiency"] = r["samples_per_s"] / (r["np"] * base) if base else math.nan
+        r["vs_ddp"] = r["samples_per_s"] / ddp if ddp else math.nan
+    return rows
+
+
+def write_outputs(args, rows, histories, cores):
+    """train.json, the two plots and summary.md in ``args.out``."""
+    env = report.environment()
+    settings = {"model": args.model, "batch_size": args.batch_size,
+                "epochs": args.epochs, "warmup_epochs_skipped": 1, "max_steps": args.max_steps,
+                "set": args.set, "rounds": args.rounds, "launcher": args.launcher}
+    report.write_json(os.path.join(args.out, "train.json"), _json_safe({
+        "settings": settings, "cores": cores, "environment": env, "rows": rows,
+        "runs": [{"algo": algo, "np": p, "round": i, "epochs": history}
+                 for (algo, p), runs in histories.items() for i, history in enumerate(runs)]}))
+    plots.throughput_vs_ranks(rows, os.path.join(args.out, "samples_per_s_vs_p.png"), cores)
+    plots.efficiency_vs_ranks(rows, os.path.join(args.out, "efficiency_vs_p.png"), cores)
+    with open(os.path.join(args.out, "summary.md"), "w") as f:
+        f.write(summary(rows, settings, cores, env))
+
+
+def summary(rows, settings, cores, env):
+    """The report's markdown: set-up, method, and one table row per (p, algorithm)."""
+    s = settings
+    extra = " ".join(f"--{item}" for item in s["set"]) or "none"
+    limit = f", at most {s['max_steps']} steps" if s["max_steps"] else ""
+    lines = ["# Training scaling study (weak scaling)", "",
+             *machine_lines(cores, env, sorted({r["np"] for r in rows})),
+             f"- model {s['model']}, batch {s['batch_size']} per rank (global batch "
+             f"{s['batch_size']} × p), {s['epochs']} epochs per run{limit}; "
+             f"other training options: {extra}; {s['rounds']} round(s), the best one shown; "
+             f"launcher {s['launcher']}",
+             "- samples/s: every rank's training samples over the slowest rank's training "
+             "time, summed over the epochs after the first (warm-up, shown apart); efficiency: "
+             "samples/s at p / (p × samples/s at 1) of the same algorithm; / DDP: samples/s "
+             "over PyTorch DDP's (gloo) at the same p.", "",
+             "| p | algorithm | samples/s | median of rounds | per rank | efficiency | / DDP | "
+             "warm-up epoch samples/s | epoch s | compute s | exposed comm s |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        star = "*" if r["oversubscribed"] else ""
+        lines.append(f"| {r['np']}{star} | {r['algo']} | {r['samples_per_s']:.0f} | "
+                     f"{r['median_samples_per_s']:.0f} | {r['per_rank_samples_per_s']:.0f} | "
+                     f"{_fixed(r['efficiency'])} | {_fixed(r['vs_ddp'])} | "
+                     f"{r['warmup_samples_per_s']:.0f} | "
+                     f"{r['epoch_s']:.3f} | {_fixed(r['compute_s'], 3)} | "
+                     f"{_fixed(r['exposed_comm_s'], 3)} |")
+    lines += ["", "Fastest at each p: " + ", ".join(
+        f"p = {p}: {max((r for r in rows if r['np'] == p), key=_speed)['algo']}"
+        for p in sorted({r["np"] for r in rows})) + ".", "",
+        "DDP differs from `hpctrain train` in what it does besides the timed steps (no "
+        "validation, no checkpoints) and in one thing inside them: train also checks every "
+        "step that the loss and gradients are finite (one small allgather). gloo uses TCP "
+        "even between ranks of one host, where Open MPI uses shared memory. DDP does not "
+        "report its exposed communication (n/a).", ""]
+    return "\n".join(lines)
+
+
+def _launch(args, algo, p, round_):
+    run_dir = os.path.join(args.out, "runs", f"{algo}-p{p}-r{round_ + 1}")
+    options = ["--model", args.model, "--batch-size", args.batch_size, "--epochs", args.epochs,
+               "--max-steps", args.max_steps, "--progress", "never", "--checkpoint-every", "0",
+               "--run-dir", run_dir, *(f"--{item}" for item in args.set)]
+    argv = [sys.executable, "-m", "hpctrain.study.ddp", *map(str, options)] if algo == DDP \
+        else launcher.hpctrain("train", "--allreduce", algo, *options)
+    output = launcher.run(args.launcher, p, argv, args.launch_timeout)
+    with open(os.path.join(run_dir, "log.txt"), "w") as f:
+        f.write(output)
+    return read_metrics(os.path.join(run_dir, "metrics.csv"))
+
+
+def read_metrics(path):
+    """The rows of a ``metrics.csv`` as dicts of numbers (empty or ``nan`` cells: NaN)."""
+    with open(path, newline="") as f:
+        return [{key: float(value) if value else math.nan for key, value in row.items()}
+                for row in csv.DictReader(f)]
+
+
+def _rank_counts(text):
+    ranks = rank_counts(text, minimum=1)
+    if ranks[0] != 1:
+        say("adding p = 1: scaling efficiency is relative to one rank")
+        ranks = [1, *ranks]
+    return ranks
+
+
+def _mean(rows, key):
+    return sum(r[key] for r in rows) / len(rows)
+
+
+def _speed(row):
+    return row["samples_per_s"]
+
+
+def _fixed(value, digits=2):
+    return "n/a" if value is None or math.isnan(value) else f"{value:.{digits}f}"
+
+
+def _json_safe(value):
+    # NaN is not JSON: write null.
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(item) for item in value]
+    return value
