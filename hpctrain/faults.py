@@ -1,16 +1,39 @@
 """Fault injection, so that tests can prove a failing rank never leaves the job hanging.
 
-Set ``HPCTRAIN_FAULT`` to a comma-separated list of ``POINT@RANK`` (``RANK`` may be ``*``);
-when the rank reaches that named point of a subcommand, it raises ``InjectedFault``. For
-example ``HPCTRAIN_FAULT=info.gather@2 mpirun -np 3 python -m hpctrain info`` makes rank 2
-fail while rank 0 waits for it in a gather. Points that do not raise but misbehave (such as
-``bench.corrupt``, which spoils one result element) ask ``selected``. Unset, either costs one
-dictionary lookup.
+Set ``HPCTRAIN_FAULT`` to a comma-separated list of ``POINT@RANK[#N][:ACTION]`` items
+(``RANK`` may be ``*``). When the rank reaches that named point of a subcommand (the ``N``-th
+time it does, if ``#N`` is given; every time otherwise), the action happens:
+
+- ``raise`` (the default): raise ``InjectedFault``;
+- ``kill``: the process kills itself with ``SIGKILL`` (no traceback, no clean-up);
+- ``sleep=SECONDS``: the rank stops for that long, then goes on (a stalled rank);
+- any other word (``nan``, ``inf``, ``perturb``): ``inject`` returns it, and the point's
+  code misbehaves as that point documents.
+
+For example ``HPCTRAIN_FAULT=info.gather@2 mpirun -np 3 python -m hpctrain info`` makes rank
+2 fail while rank 0 waits for it in a gather, and ``train.step@1#5:kill`` kills rank 1 after
+its fifth training step. Points that only misbehave (such as ``bench.corrupt``) may also ask
+``selected``. Unset, either costs one dictionary lookup.
+
+Points of ``hpctrain train``: ``train.start`` (start-up, before the first broadcast),
+``train.first_step`` (before the first step's forward pass), ``train.step`` (after each
+step), ``train.reduce`` (on the communication thread, as a gradient bucket's allreduce
+begins), ``train.checkpoint`` (rank 0: the new checkpoint is written but not yet published;
+other ranks: as they pass the checkpoint), ``train.loss`` (``nan``/``inf``: the loss becomes
+non-finite), ``train.grad`` (``inf``: the gradients become infinite, the loss stays finite),
+``train.perturb`` (``perturb``: one weight changes on that rank only). Of ``hpctrain data``:
+``data.write`` (after the first chunk of a synthetic data set is written).
 """
 
 import os
+import signal
+import sys
+import time
+from collections import Counter
 
 ENV = "HPCTRAIN_FAULT"
+
+_hits = Counter()  # point -> how often this process has reached it (while a spec is set)
 
 
 class InjectedFault(RuntimeError):
@@ -18,19 +41,51 @@ class InjectedFault(RuntimeError):
 
 
 def inject(point, rank):
-    """Raise ``InjectedFault`` if ``HPCTRAIN_FAULT`` names ``point`` for ``rank``."""
-    if selected(point, rank):
+    """Act on the item of ``HPCTRAIN_FAULT`` that names ``point`` for ``rank``, if any.
+
+    Raises ``InjectedFault`` (``raise``), kills this process (``kill``) or sleeps
+    (``sleep=S``, then returns None); returns any other action's name for the caller to
+    carry out; returns None when no item applies.
+    """
+    action = _action(point, rank)
+    if action is None:
+        return None
+    # When it fired (wall clock, comparable across the processes of one machine): tests
+    # measure how long the job takes to end after a fault, start-up excluded.
+    sys.stderr.write(f"[hpctrain] fault {point!r} fires on rank {rank}: {action} "
+                     f"(t={time.time():.3f})\n")
+    sys.stderr.flush()
+    if action == "raise":
         raise InjectedFault(f"injected fault at {point!r} on rank {rank} "
                             f"({ENV}={os.environ[ENV]})")
+    if action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if action.startswith("sleep="):
+        time.sleep(float(action.partition("=")[2]))
+        return None
+    return action
 
 
 def selected(point, rank):
-    """True if ``HPCTRAIN_FAULT`` names ``point`` for ``rank``."""
+    """True if ``HPCTRAIN_FAULT`` names ``point`` for ``rank`` (this time, under ``#N``)."""
+    return _action(point, rank) is not None
+
+
+def reset():
+    """Forget how often each point was reached (for tests that run several jobs in-process)."""
+    _hits.clear()
+
+
+def _action(point, rank):
     spec = os.environ.get(ENV)
     if not spec:
-        return False
+        return None
+    _hits[point] += 1
     for item in spec.split(","):
-        name, _, ranks = item.strip().partition("@")
-        if name == point and ranks in ("*", str(rank)):
-            return True
-    return False
+        target, _, action = item.strip().partition(":")
+        name, _, where = target.partition("@")
+        ranks, _, nth = where.partition("#")
+        if (name == point and ranks in ("*", str(rank))
+                and (not nth or int(nth) == _hits[point])):
+            return action or "raise"
+    return None

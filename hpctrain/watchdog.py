@@ -46,6 +46,7 @@ class StallWatchdog:
         self._since = {}    # rank 0: seq -> when the first rank reached it
         self._names = {}    # seq -> name, as rank 0 itself called it
         self._warned = set()
+        self._stop = threading.Event()
         self._thread = None
         if self.enabled and self.rank == 0:
             self._thread = threading.Thread(target=self._monitor, name="hpctrain-watchdog",
@@ -72,6 +73,19 @@ class StallWatchdog:
         self.comm.Free()
         self.enabled = False
 
+    def stop(self):
+        """After a failure: stop watching at once, without waiting for the other ranks.
+
+        ``close`` would wait for every rank to say it is done, and after a failure some never
+        will. The private communicator is not freed (its pending messages may never match).
+        """
+        if not self.enabled:
+            return
+        self.enabled = False
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
     def _announce(self, seq, name):
         if self.rank == 0:
             self._names[seq] = name
@@ -94,7 +108,7 @@ class StallWatchdog:
         buf = np.empty(1, dtype=np.int64)
         status = MPI.Status()
         request = self.comm.Irecv(buf, source=MPI.ANY_SOURCE, tag=TAG)
-        while True:
+        while not self._stop.is_set():
             while request.Test(status):
                 self._record(status.Get_source(), int(buf[0]))
                 request = self.comm.Irecv(buf, source=MPI.ANY_SOURCE, tag=TAG)
@@ -113,9 +127,11 @@ class StallWatchdog:
                 del self._since[seq]
                 continue
             waited = now - self._since[seq]
-            name = self._names.get(seq, f"collective #{seq}")
-            message = (f"[hpctrain] stall: {name!r} (collective #{seq}) has waited "
-                       f"{waited:.0f} s for rank(s) {late.tolist()}, which have not reached it")
+            # Rank 0 knows the names of the collectives it has reached itself.
+            name = self._names.get(seq)
+            label = f"{name!r} (collective #{seq})" if name else f"collective #{seq}"
+            message = (f"[hpctrain] stall: {label} has waited {waited:.0f} s for rank(s) "
+                       f"{late.tolist()}, which have not reached it")
             if self.timeout is not None and waited >= self.timeout:
                 self.log(f"{message}; aborting (stall timeout {self.timeout:g} s)")
                 self.comm.Abort(3)

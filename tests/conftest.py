@@ -54,6 +54,7 @@ class Launch:
     returncode: int
     output: str
     elapsed: float
+    ended: float = 0.0     # time.time() when it ended, to compare with times the job printed
 
 
 def launch(np, command, *, timeout, env=None):
@@ -70,7 +71,7 @@ def launch(np, command, *, timeout, env=None):
         output = _kill(proc)
         raise MpirunHung(f"launch hung: `{shlex.join(argv)}` did not finish within {timeout} s "
                          f"and was killed. Its output:\n{output[-4000:]}") from None
-    return Launch(argv, proc.returncode, output, time.monotonic() - start)
+    return Launch(argv, proc.returncode, output, time.monotonic() - start, time.time())
 
 
 def _kill(proc):

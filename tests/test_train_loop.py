@@ -82,7 +82,8 @@ def test_a_checkpoint_of_another_model_is_a_usage_error(config, tmp_path):
     train(dataclasses.replace(config, epochs=1), MPI.COMM_SELF)
     other = dataclasses.replace(config, hidden=8, resume=str(config.run_path / "checkpoint.pt"),
                                 run_dir=str(tmp_path / "other"))
-    with pytest.raises(UsageError, match="does not fit this run"):
+    with pytest.raises(UsageError, match="built with --model mlp --hidden 16; this run builds "
+                                         "--model mlp --hidden 8"):
         train(other, MPI.COMM_SELF)
 
 

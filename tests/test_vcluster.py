@@ -37,6 +37,7 @@ def vcluster(tmp_path_factory):
 
 
 def run_on_cluster(env, np, *command):
+    command = [str(c) for c in command]
     try:
         return subprocess.run([VCLUSTER, "mpirun", "-np", str(np), *command], env=env,
                               capture_output=True, text=True, timeout=LAUNCH_TIMEOUT,
@@ -70,3 +71,23 @@ def test_two_host_allreduce_crosses_the_link(vcluster):
     row = re.search(r"^\s+4194304\s+\d+\s+float32\s+sum\s+ring\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)",
                     result.stdout, re.M)
     assert row and float(row.group(3)) > 25_000, result.stdout
+
+
+def test_two_host_training_matches_one_host(vcluster, mpirun, tmp_path):
+    """Training across the link gives the same run as on one host: the ring adds in the same
+    order whatever carries the bytes, so losses agree to the last digit."""
+    args = ["-m", "hpctrain", "train", "--epochs", "2", "--allreduce", "ring",
+            "--progress", "never"]
+    across = run_on_cluster(vcluster, 2, sys.executable, *args, "--run-dir", tmp_path / "2h")
+    assert across.returncode == 0, across.stdout + across.stderr
+    local = mpirun(2, [sys.executable, *args, "--run-dir", tmp_path / "1h"], timeout=180)
+    assert local.returncode == 0, local.output
+    assert re.search(r"^epoch\s+2/2 .*val_acc", across.stdout, re.M), across.stdout
+
+    def losses(run):
+        rows = (tmp_path / run / "metrics.csv").read_text().splitlines()
+        columns = rows[0].split(",")
+        keep = [columns.index(name) for name in ("epoch", "train_loss", "val_loss", "val_acc")]
+        return [[row.split(",")[i] for i in keep] for row in rows[1:]]
+
+    assert losses("2h") == losses("1h") and len(losses("2h")) == 2

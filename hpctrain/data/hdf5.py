@@ -33,8 +33,9 @@ class HDF5Dataset:
         try:
             self._file = h5py.File(self.path, "r")
         except OSError as exc:
-            raise UsageError(f"data file {str(self.path)!r} is not a readable HDF5 file: "
-                             f"{exc}") from None
+            raise UsageError(f"data file {str(self.path)!r} is not a readable HDF5 file "
+                             f"({exc}): --data needs an HDF5 file with samples and labels, "
+                             f"as 'hpctrain data synthetic' writes") from None
         try:
             self._x, self._y = self._dataset(x, "x"), self._dataset(y, "y")
             _check_arrays(self.path, self._x, self._y)
@@ -88,7 +89,8 @@ def _check_arrays(path, x, y):
         raise UsageError(f"data file {str(path)!r}: samples {x.name} {x.shape} and labels "
                          f"{y.name} {y.shape} must be (rows, ...) and (rows,) with equal rows")
     if x.shape[0] == 0:
-        raise UsageError(f"data file {str(path)!r} holds no samples")
+        raise UsageError(f"data file {str(path)!r} holds no samples: {x.name} and {y.name} "
+                         f"have 0 rows; training needs at least one")
     if not np.issubdtype(y.dtype, np.integer):
         raise UsageError(f"data file {str(path)!r}: labels {y.name} must be integers, "
                          f"not {y.dtype}")

@@ -7,6 +7,7 @@ and written in chunks, so the data set may be larger than memory.
 
 import numpy as np
 
+from .. import faults
 from ..errors import UsageError
 from .hdf5 import create_file
 
@@ -37,4 +38,6 @@ def write(path, samples, shape, classes, *, seed=0, noise=1.0):
             noise_rows = rng.standard_normal((stop - start, *shape), dtype=np.float32)
             x[start:stop] = prototypes[labels] + np.float32(noise) * noise_rows
             y[start:stop] = labels
+            if start == 0:
+                faults.inject("data.write", 0)  # half written: nothing may appear at path
     return path

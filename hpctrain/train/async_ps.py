@@ -22,6 +22,7 @@ import time
 import torch
 from mpi4py import MPI
 
+from .nonfinite import NonFiniteError, verdict
 from .regimes import Regime
 from .replicas import broadcast_model, broadcast_optimizer
 
@@ -93,8 +94,19 @@ class AsyncServerRegime(Regime):
             start = time.perf_counter()
             x, y = run.read_batch(positions)
             loaded = time.perf_counter()
-            run.forward_backward(x, y, sums)
+            loss, correct, count = run.forward_backward(x, y)
             computed = time.perf_counter()
+            if verdict(loss, self.gradients()):
+                # Only this worker's gradient is affected and no collective is pending: it
+                # alone decides (an error ends the job through the launcher's abort).
+                if run.config.nonfinite == "error":
+                    raise NonFiniteError(f"non-finite loss or gradients on worker rank "
+                                         f"{run.rank} at its batch {run.sampler.batch}: "
+                                         f"stopping (--nonfinite error); --nonfinite skip "
+                                         f"skips such updates instead")
+                run.skipped += 1
+                continue
+            run.count_batch(sums, loss, correct, count)
             _pack(self.params, self.flat, grads=True)
             self.comm.send(version, dest=SERVER, tag=TAG_PUSH)
             self.comm.Send(self.flat.numpy(), dest=SERVER, tag=TAG_GRAD)

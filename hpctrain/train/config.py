@@ -22,7 +22,7 @@ try:
 except ModuleNotFoundError:  # Python < 3.11
     import tomli as tomllib
 
-ALLREDUCE = ("horovod", "mpi", "ring", "tree", "butterfly", "ps", "ps-sharded")
+ALLREDUCE = ("horovod", "mpi", "ring", "tree", "butterfly", "ps", "ps-sharded", "auto")
 REGIMES = ("allreduce", "ps", "ps-sharded", "async-ps")
 OPTIMIZERS = ("sgd", "adam")
 DEVICES = ("cpu", "cuda")
@@ -30,6 +30,7 @@ LR_SCALING = ("none", "linear")
 LR_DECAY = ("none", "cosine")
 PROGRESS = ("auto", "always", "never")
 MODELS = ("mlp", "cnn", "wide")
+NONFINITE = ("error", "skip")
 
 
 def _key(default, help, *, choices=None, minimum=None, below=None, positive=False, flag=None):
@@ -91,18 +92,37 @@ class TrainConfig:
     # --- communication ---------------------------------------------------------------------
     regime: str = _key("allreduce", "allreduce (synchronous), ps (synchronous parameter "
                                     "server), ps-sharded, async-ps", choices=REGIMES)
-    allreduce: str = _key("horovod", "how --regime allreduce averages gradients",
+    allreduce: str = _key("horovod", "how --regime allreduce averages gradients (auto: "
+                                     "per bucket size, from --allreduce-profile)",
                           choices=ALLREDUCE)
+    allreduce_profile: str = _key("runs/study-allreduce/params.json",
+                                  "the profile --allreduce auto chooses from: params.json "
+                                  "of `hpctrain study allreduce`")
     bucket_mb: float = _key(4.0, "gradient bucket (fusion buffer) size in MB", positive=True)
     overlap: bool = _key(True, "reduce buckets during backward on a communication thread",
                          flag=True)
     # --- checkpoints and output ------------------------------------------------------------
     checkpoint_every: str = _key("1", "N or 'N epochs': every N epochs; 'N steps': every N "
                                       "steps; 0: never")
-    resume: str = _key("", "checkpoint to resume from; 'auto' (or a bare --resume): "
-                           "<run_dir>/checkpoint.pt if it exists", flag="auto")
+    resume: str = _key("", "checkpoint to resume from; 'auto' (or a bare --resume): the "
+                           "newest intact checkpoint in <run_dir>, if there is one",
+                       flag="auto")
+    keep_checkpoints: int = _key(2, "checkpoints kept: checkpoint.pt and the K-1 before it "
+                                    "(checkpoint.1.pt, ...), the fallback if it is damaged",
+                                 minimum=1)
     progress: str = _key("auto", "progress bar: auto (only on a terminal), always, never",
                          choices=PROGRESS)
+    # --- reliability -----------------------------------------------------------------------
+    check_consistency: int = _key(0, "every N steps, compare a hash of the weights across "
+                                     "ranks; a difference stops the run naming the ranks "
+                                     "(0: only after start-up and at the end)", minimum=0)
+    nonfinite: str = _key("error", "a NaN or Inf loss or gradient on any rank: error (stop, "
+                                   "naming the ranks and step) or skip (every rank skips "
+                                   "that update)", choices=NONFINITE)
+    stall_warning: float = _key(60.0, "seconds a collective may wait for some ranks before "
+                                      "rank 0 names them on stderr", positive=True)
+    stall_timeout: float = _key(600.0, "seconds of such a stall after which the job aborts "
+                                       "(0: never)", minimum=0.0)
 
     def __post_init__(self):
         for f in fields(self):

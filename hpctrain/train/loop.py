@@ -4,22 +4,30 @@
 Start-up runs in an order that keeps bad input from hanging a job:
 
 1. local checks on every rank, no communication: the world size against the regime, the
-   checkpoint to resume, the device, the data file and its datasets, the sampler, the
-   model. Bad input raises ``UsageError`` on every rank alike;
+   checkpoint to resume (its checksum; ``--resume auto`` falls back to an older intact
+   one), the device, the data file and its datasets, the sampler, the model. Bad input
+   raises ``UsageError`` on every rank alike;
 2. the first collectives: the digits file is prepared by rank 0 if missing (barrier),
-   ``comm`` is duplicated, the node-local rank picks the GPU;
+   ``comm`` is duplicated, the stall watchdog starts, the node-local rank picks the GPU;
 3. rank 0's weights and optimizer state are broadcast, and a checksum proves that every
    rank holds the same weights.
 
 Each step: read this rank's rows, forward, backward (the regime's hooks start reducing
-gradient buckets meanwhile), ``regime.step()`` (wait for the reductions, update). Each
-epoch: validation on disjoint shards, metrics summed over ranks, one line and one CSV row
-on rank 0, and a checkpoint when due.
+gradient buckets meanwhile), ``regime.step()`` (wait for the reductions; one small
+collective in which every rank says whether its loss and gradients are finite, so that all
+of them stop, or skip the update, together; update). Every ``check_consistency`` steps the
+ranks compare a hash of their weights. Each epoch: validation on disjoint shards, metrics
+summed over ranks, one line and one CSV row on rank 0, and a checkpoint when due.
+
+Before each step and each group of epoch-end collectives every rank tells the stall
+watchdog (``hpctrain.watchdog``), which names on rank 0 the ranks that a collective has
+waited for longer than ``stall_warning`` seconds and aborts the job after ``stall_timeout``.
 """
 
 import dataclasses
 import math
 import random
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,14 +37,17 @@ import torch
 import torch.nn.functional as F
 
 from .. import faults
+from ..devices import rank_device
 from ..data import HDF5Dataset, digits, split_indices
 from ..errors import UsageError
 from ..models import build_model, parameter_bytes
 from ..sampler import DistributedSampler, shard_indices
+from ..watchdog import StallWatchdog
 from . import checkpoint, replicas, report
 from .async_ps import AsyncServerRegime
 from .config import checkpoint_interval
 from .regimes import AllreduceRegime, HorovodRegime, ServerRegime, ShardedServerRegime
+from .nonfinite import NonFiniteError, describe, verdict
 from .schedule import WarmupSchedule, target_lr
 
 
@@ -49,6 +60,7 @@ class TrainResult:
     step: int         # optimizer steps (server updates for async-ps) in all
     checksum: int     # fingerprint of the final weights, checked equal on every rank
     run_path: Path
+    skipped: int = 0  # updates skipped for a NaN or Inf (--nonfinite skip)
 
 
 @dataclass
@@ -97,8 +109,8 @@ class Run:
         self.asynchronous = config.regime == "async-ps"
         self.trainers = self.size - 1 if self.asynchronous else self.size
         _check_world(config, self.size)
-        self.resume_path = checkpoint.resolve(config.resume, config.run_path)
-        self.saved = checkpoint.load(self.resume_path) if self.resume_path else None
+        self.resume_path, self.saved = checkpoint.find(config.resume, config.run_path,
+                                                       log=self._log)
         if self.saved is not None:
             _check_checkpoint(self.saved, config, self.size, self.resume_path)
         auto = digits.is_auto_prepared(config.data)
@@ -110,12 +122,22 @@ class Run:
             self.dataset = HDF5Dataset(config.data, config.x, config.y)
         self.train_rows, self.val_rows = split_indices(len(self.dataset), config.val_fraction,
                                                        config.split_seed)
-        self.sampler = _make_sampler(config, len(self.train_rows), self.rank, self.size)
+        self.sampler = make_sampler(config, len(self.train_rows), self.rank, self.size)
         random.seed(config.seed)
         np.random.seed(config.seed)
         torch.manual_seed(config.seed)
-        self.model = _make_model(config, self.dataset)
+        self.model = make_model(config, self.dataset)
         self.comm = comm.Dup()
+        try:
+            self._start(config, comm)
+        except BaseException:
+            self.abandon()
+            raise
+
+    def _start(self, config, comm):
+        # The collective part of start-up: a failure here must stop the watchdog's thread.
+        self.watchdog = StallWatchdog(self.comm, config.stall_warning,
+                                      config.stall_timeout or None)
         self.device = _device(config, self.comm)
         self.model.to(self.device)
         self.regime = _make_regime(config, self.model, self.comm, comm)
@@ -128,21 +150,30 @@ class Run:
         total = config.epochs * self.updates_per_epoch
         self.schedule = WarmupSchedule(config.lr, self.lr, self.warmup_steps, total,
                                        config.lr_decay)
-        self.step, self.sums, self.history = 0, EpochSums(), []
+        self.step, self.sums, self.history, self.skipped = 0, EpochSums(), [], 0
         self.every = checkpoint_interval(config.checkpoint_every)
         if self.saved is not None:
             self._restore(self.saved)
+        self.start_step = self.step
         self._check_same_start()
+        faults.inject("train.start", self.rank)
+        self.watchdog.arrive("start-up broadcast")
         self.regime.broadcast_initial()
         self.initial_checksum = replicas.check_identical(self.model, self.comm,
                                                          "after the initial broadcast")
         self.progress = report.Progress(0, "", False)
+        # A resumed run drops the rows written after its checkpoint: they are trained again.
         self.metrics = report.MetricsFile(config.run_path / "metrics.csv",
-                                          append=self.saved is not None, enabled=self.rank == 0)
+                                          append=self.saved is not None, enabled=self.rank == 0,
+                                          epochs_done=self.sampler.epoch)
         if self.rank == 0:
             self._write_header()
 
     # --- start-up ---------------------------------------------------------------------------
+
+    def _log(self, text):
+        if self.rank == 0:
+            print(text, file=sys.stderr, flush=True)
 
     def _restore(self, saved):
         try:
@@ -251,26 +282,33 @@ class Run:
             if self.reached_max_steps():
                 break
             self.sampler.set_epoch(self.sampler.epoch + 1)
+        self.watchdog.arrive("final weight check")
         final = replicas.check_identical(self.model, self.comm, "at the end of training")
         state = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
-        return TrainResult(state, self.history, self.step, final, self.config.run_path)
+        return TrainResult(state, self.history, self.step, final, self.config.run_path,
+                           self.skipped)
 
     def reached_max_steps(self):
         """True once ``max_steps`` (if set) steps are done."""
         return 0 < self.config.max_steps <= self.step
 
     def _train_epoch(self):
-        sums, unit_every = self.sums, self.every
+        sums, unit_every, every_check = self.sums, self.every, self.config.check_consistency
         mark = self.regime.comm_seconds
         for positions in self.sampler:
+            self.watchdog.arrive(f"step {self.step + 1}")
+            if self.step == self.start_step:
+                faults.inject("train.first_step", self.rank)
             start = time.perf_counter()
             x, y = self.read_batch(positions)
             loaded = time.perf_counter()
             self.regime.set_lr(self.schedule(self.step))
-            loss = self.forward_backward(x, y, sums)
+            loss, correct, count = self.forward_backward(x, y)
             computed = time.perf_counter()
-            waited = self.regime.step()
+            waited = self.regime.step(lambda: self._update_allowed(loss))
             done = time.perf_counter()
+            if self.update_allowed:
+                self.count_batch(sums, loss, correct, count)
             sums.data_s += loaded - start
             sums.compute_s += (computed - loaded) + (done - computed - waited)
             sums.exposed_s += waited
@@ -281,6 +319,11 @@ class Run:
             self.step += 1
             self.progress.update(self.sampler.batch, f"loss {loss:.4f}")
             faults.inject("train.step", self.rank)
+            if faults.inject("train.perturb", self.rank) == "perturb":
+                _perturb(self.model)
+            if every_check and self.step % every_check == 0:
+                replicas.check_identical(self.model, self.comm, f"at step {self.step} "
+                                         f"(--check-consistency {every_check})")
             if unit_every[1] == "step" and unit_every[0] and self.step % unit_every[0] == 0:
                 self._save_checkpoint()
             if self.reached_max_steps():
@@ -291,19 +334,52 @@ class Run:
         x, y = self.dataset.read(self.train_rows[positions])
         return (torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device))
 
-    def forward_backward(self, x, y, sums):
-        """Forward and backward on one batch (mean loss); add its loss and hits to ``sums``."""
+    def forward_backward(self, x, y):
+        """Forward and backward on one batch (mean loss): ``(loss, correct, samples)``."""
         self.model.zero_grad(set_to_none=True)
         output = self.model(x)
+        if faults.inject("train.grad", self.rank) == "inf":
+            output = _InfiniteGradient.apply(output)
         loss = F.cross_entropy(output, y)
+        fault = faults.inject("train.loss", self.rank)
+        if fault in ("nan", "inf"):
+            loss = loss * float(fault)
         loss.backward()
-        value = loss.item()
-        sums.loss += value * len(y)
-        sums.correct += (output.argmax(1) == y).sum().item()
-        sums.samples += len(y)
-        return value
+        return loss.item(), (output.argmax(1) == y).sum().item(), len(y)
+
+    @staticmethod
+    def count_batch(sums, loss, correct, count):
+        """Add one batch's loss and hits to ``sums``."""
+        sums.loss += loss * count
+        sums.correct += correct
+        sums.samples += count
+
+    def _update_allowed(self, loss):
+        """Collective (one ``Allgather`` of a byte per rank): may this step's update happen?
+
+        Every rank learns every rank's verdict on its loss and on the gradients it holds, so
+        all of them decide alike: a rank that stopped alone would leave the others waiting
+        in the next step's allreduce. Sets ``update_allowed``; raises ``NonFiniteError`` on
+        every rank under ``--nonfinite error``.
+        """
+        verdicts = np.zeros(self.size, dtype=np.uint8)
+        mine = verdict(loss, self.regime.gradients())
+        self.comm.Allgather(np.array([mine], dtype=np.uint8), verdicts)
+        self.update_allowed = not verdicts.any()
+        if self.update_allowed:
+            return True
+        what = describe(verdicts)
+        where = f"step {self.step + 1} (epoch {self.sampler.epoch + 1})"
+        if self.config.nonfinite == "error":
+            raise NonFiniteError(f"{what} at {where}: stopping (--nonfinite error); "
+                                 f"--nonfinite skip skips such updates instead")
+        self.skipped += 1
+        self._log(f"[hpctrain] {what} at {where}: update skipped on every rank "
+                  f"(--nonfinite skip; {self.skipped} skipped so far)")
+        return False
 
     def _end_epoch(self):
+        self.watchdog.arrive(f"end of epoch {self.sampler.epoch + 1}: evaluation and metrics")
         row = self._epoch_row(self.sums, *evaluate(self))
         self.history.append(row)
         if self.rank == 0:
@@ -346,8 +422,10 @@ class Run:
 
     def _save_checkpoint(self, epoch_done=False):
         """Collective (the sharded regime gathers its optimizer state); rank 0 writes."""
+        self.watchdog.arrive(f"checkpoint at step {self.step}")
         optimizer = self.regime.optimizer_state()
         if self.rank != 0:
+            faults.inject("train.checkpoint", self.rank)
             return
         position = self.sampler.state_dict()
         if epoch_done:
@@ -357,12 +435,14 @@ class Run:
             "model": self.model.state_dict(), "optimizer": optimizer, "sampler": position,
             "step": self.step, "epoch_sums": dataclasses.asdict(sums),
             "rng": checkpoint.rng_state(), "config": self.config.to_dict(),
-            "world_size": self.size, "regime": self.config.regime})
+            "world_size": self.size, "regime": self.config.regime},
+            keep=self.config.keep_checkpoints)
 
     # --- ending ------------------------------------------------------------------------------
 
     def close(self):
-        """Release the regime, the communicator and the file (after a successful run)."""
+        """Release the watchdog, the regime, the communicator and the file (after success)."""
+        self.watchdog.close()
         self.regime.close()
         self.comm.Free()
         self.dataset.close()
@@ -372,6 +452,27 @@ class Run:
         reducer = getattr(getattr(self, "regime", None), "reducer", None)
         if reducer is not None:
             reducer.close(wait=False)
+        watchdog = getattr(self, "watchdog", None)
+        if watchdog is not None:
+            watchdog.stop()
+
+
+class _InfiniteGradient(torch.autograd.Function):
+    """Identity forward, infinite gradient backward: the ``train.grad`` fault."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return torch.full_like(grad, math.inf)
+
+
+def _perturb(model):
+    # The ``train.perturb`` fault: one weight of this rank's replica moves a little.
+    with torch.no_grad():
+        next(model.parameters()).view(-1)[0] += 1e-3
 
 
 def evaluate(run):
@@ -418,7 +519,17 @@ def _check_world(config, size):
                                  "with CUDA; choose another --allreduce")
 
 
+def _model_options(config):
+    size_key = "model_mb" if config["model"] == "wide" else "hidden"
+    return f"--model {config['model']} --{size_key.replace('_', '-')} {config[size_key]}"
+
+
 def _check_checkpoint(saved, config, size, path):
+    built, wanted = _model_options(saved["config"]), _model_options(config.to_dict())
+    if built != wanted:
+        raise UsageError(f"checkpoint {str(path)!r} holds a model built with {built}; this "
+                         f"run builds {wanted}: resume with {built}, or start afresh "
+                         f"without --resume")
     was_sharded, is_sharded = saved.get("regime") == "ps-sharded", config.regime == "ps-sharded"
     if was_sharded != is_sharded:
         raise UsageError(f"checkpoint {str(path)!r} was written by --regime "
@@ -433,7 +544,10 @@ def _check_checkpoint(saved, config, size, path):
                          f"{saved['world_size']} ranks (this run has {size})")
 
 
-def _make_sampler(config, num_rows, rank, size):
+def make_sampler(config, num_rows, rank, size):
+    if num_rows == 0:
+        raise UsageError(f"--val-fraction {config.val_fraction:g} leaves no training rows of "
+                         f"{config.data!r}: lower it, or use a larger data set")
     if config.regime == "async-ps":
         rank, size = max(rank - 1, 0), size - 1  # the server takes no batches
     try:
@@ -444,7 +558,7 @@ def _make_sampler(config, num_rows, rank, size):
         raise UsageError(str(exc)) from None
 
 
-def _make_model(config, dataset):
+def make_model(config, dataset):
     try:
         return build_model(config.model, dataset.sample_shape, dataset.num_classes,
                            hidden=config.hidden, model_mb=config.model_mb, seed=config.seed)
@@ -452,7 +566,7 @@ def _make_model(config, dataset):
         raise UsageError(str(exc)) from None
 
 
-def _optimizer_factory(config):
+def optimizer_factory(config):
     if config.optimizer == "adam":
         return lambda params: torch.optim.Adam(params, lr=config.lr,
                                                weight_decay=config.weight_decay)
@@ -463,7 +577,7 @@ def _optimizer_factory(config):
 def _make_regime(config, model, comm, user_comm):
     from mpi4py import MPI
 
-    make_optimizer = _optimizer_factory(config)
+    make_optimizer = optimizer_factory(config)
     # Overlap needs the communication thread to call MPI: SERIALIZED suffices, since the
     # main thread makes no MPI call while buckets are being reduced.
     overlap = config.overlap and MPI.Query_thread() >= MPI.THREAD_SERIALIZED
@@ -478,18 +592,12 @@ def _make_regime(config, model, comm, user_comm):
         # Horovod keeps the communicator it is initialised with for the whole process: give
         # it the caller's, which outlives this run, not our duplicate, which close() frees.
         return HorovodRegime(model, make_optimizer, user_comm, bucket_mb=config.bucket_mb)
+    if config.allreduce == "auto":
+        from ..collectives import auto
+
+        auto.use(auto.load(config.allreduce_profile, comm))   # read by rank 0, broadcast
     return AllreduceRegime(model, make_optimizer, comm, algo=config.allreduce, **options)
 
 
 def _device(config, comm):
-    if config.device == "cpu":
-        return torch.device("cpu")
-    from mpi4py import MPI
-
-    # Collective: ranks on one node share a communicator; its rank is the node-local rank.
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
-    local_rank = local.Get_rank()
-    local.Free()
-    device = torch.device("cuda", local_rank % torch.cuda.device_count())
-    torch.cuda.set_device(device)
-    return device
+    return rank_device(config.device, comm)   # collective for cuda: the node-local rank

@@ -4,8 +4,12 @@ Each regime wraps the model and its optimizer and offers the same small interfac
 training loop drives once per step after ``loss.backward()``:
 
 - ``broadcast_initial()``: collective; every rank gets rank 0's weights and optimizer state;
-- ``set_lr(lr)``; ``step()``: collective; finish the gradient exchange, update the weights
-  on every rank, and return the seconds spent waiting for communication after backward;
+- ``set_lr(lr)``; ``step(may_update)``: collective; finish the gradient exchange, call
+  ``may_update()`` (a collective: every rank must get the same answer), and unless it
+  returns False update the weights on every rank; return the seconds spent waiting for
+  communication after backward;
+- ``gradients()``: the gradient tensors this rank holds after the exchange (for the check
+  for NaN and Inf);
 - ``comm_seconds``: total communication time so far (NaN where the library hides it);
 - ``optimizer_state()`` / ``load_optimizer_state(state)``: for checkpoints
   (``optimizer_state`` is collective: the sharded regime gathers its shards on rank 0);
@@ -33,6 +37,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .. import faults
 from ..sampler import shard_indices
 from .gradients import BucketReducer
 from .replicas import broadcast_model, broadcast_optimizer
@@ -57,6 +62,10 @@ class Regime:
         """Continue from a saved optimizer state."""
         self.optimizer.load_state_dict(state)
 
+    def gradients(self):
+        """The gradients this rank holds after ``step``'s exchange: every ``param.grad``."""
+        return [p.grad for p in self.model.parameters() if p.grad is not None]
+
     def close(self):
         """Release what the regime holds (nothing by default)."""
 
@@ -78,9 +87,13 @@ class AllreduceRegime(Regime):
         # Registration order is the same on every rank (the same code builds the model), so
         # bucket assignment is too; do not sort by name: it would break the reverse order in
         # which backward produces gradients.
-        self.reducer = BucketReducer(model.named_parameters(), self._reduce, bucket_mb,
+        self.reducer = BucketReducer(model.named_parameters(), self._reduce_bucket, bucket_mb,
                                      overlap)
         check_same_buckets(self.reducer.buckets, comm)
+
+    def _reduce_bucket(self, flat, bucket):
+        faults.inject("train.reduce", self.grad_comm.Get_rank())
+        self._reduce(flat, bucket)
 
     def _reduce(self, flat, bucket):
         # check=False: the per-call argument check costs one more small allreduce per
@@ -97,10 +110,11 @@ class AllreduceRegime(Regime):
         broadcast_model(self.model, self.comm)
         broadcast_optimizer(self.optimizer, self.comm)
 
-    def step(self):
+    def step(self, may_update=bool):
         """Collective: wait for the averaged gradients, then step; return seconds waited."""
         waited = self.reducer.wait()
-        self.optimizer.step()
+        if may_update():
+            self.optimizer.step()
         return waited
 
     def close(self):
@@ -153,9 +167,11 @@ class ServerRegime(AllreduceRegime):
         """Seconds spent reducing gradients onto the server and broadcasting weights."""
         return self.reducer.comm_seconds + self.extra_seconds
 
-    def step(self):
+    def step(self, may_update=bool):
         """Collective: gradients onto rank 0, its step, its weights to all; seconds waited."""
         waited = self.reducer.wait()
+        if not may_update():
+            return waited
         if self.comm.Get_rank() == self.root:
             self.optimizer.step()
         start = time.perf_counter()
@@ -233,13 +249,15 @@ class ShardedServerRegime(AllreduceRegime):
     def _flat_weights(bucket):
         return torch.cat([p.detach().reshape(-1).cpu() for p in bucket.params])
 
-    def step(self):
+    def step(self, may_update=bool):
         """Collective: reduce-scatter, step the own shards, all-gather; seconds waited."""
         from mpi4py import MPI
 
         waited = self.reducer.wait()
         for shard, grad in zip(self.shards, self.shard_grads):
             shard.grad = grad
+        if not may_update():
+            return waited
         self.optimizer.step()
         start = time.perf_counter()
         for bucket, shard, (counts, displs, _) in zip(self.reducer.buckets, self.shards,
@@ -252,6 +270,10 @@ class ShardedServerRegime(AllreduceRegime):
         spent = time.perf_counter() - start
         self.extra_seconds += spent
         return waited + spent
+
+    def gradients(self):
+        """This rank's own gradients and the averaged gradient of the shards it serves."""
+        return super().gradients() + self.shard_grads
 
     def optimizer_state(self):
         """Collective: every shard's optimizer state, gathered on rank 0 (None elsewhere)."""
@@ -302,11 +324,16 @@ class HorovodRegime(Regime):
         if self.optimizer.state_dict()["state"]:
             self.hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
 
-    def step(self):
+    def step(self, may_update=bool):
         """Collective: wait for Horovod's allreduces, then step; return seconds waited."""
         start = time.perf_counter()
         self.optimizer.synchronize()
         waited = time.perf_counter() - start
+        if not may_update():
+            # What step() would reset: otherwise Horovod takes the next step for one whose
+            # gradients it has already averaged.
+            self.optimizer._synchronized = False
+            return waited
         with self.optimizer.skip_synchronize():
             self.optimizer.step()
         return waited

@@ -9,6 +9,8 @@ import os
 import sys
 import time
 
+from ..data.atomic import atomic_path
+
 #: Columns of ``metrics.csv``, one row per epoch (times in seconds, means over ranks).
 COLUMNS = ("epoch", "steps", "step", "lr", "train_loss", "train_acc", "val_loss", "val_acc",
            "samples", "samples_per_s", "epoch_s", "data_s", "compute_s", "exposed_comm_s",
@@ -91,16 +93,30 @@ def epoch_line(row, epochs):
 class MetricsFile:
     """``metrics.csv`` in the run directory: a header, then one row per epoch.
 
-    ``append=True`` (a resumed run) continues an existing file.
+    ``append=True`` (a resumed run) continues an existing file, keeping only the rows of the
+    first ``epochs_done`` epochs: the checkpoint came before the later rows (a crash, or a
+    stop at max_steps mid-epoch), and the resumed run writes them again.
     """
 
-    def __init__(self, path, append=False, enabled=True):
+    def __init__(self, path, append=False, enabled=True, epochs_done=None):
         self.path, self.enabled = path, enabled
         if enabled:
             path.parent.mkdir(parents=True, exist_ok=True)
             if not (append and path.exists()):
                 with open(path, "w", newline="") as f:
                     csv.writer(f).writerow(COLUMNS)
+            elif epochs_done is not None:
+                self._keep_epochs(epochs_done)
+
+    def _keep_epochs(self, count):
+        with open(self.path, newline="") as f:
+            rows = list(csv.reader(f))
+        column = COLUMNS.index("epoch")
+        kept = rows[:1] + [r for r in rows[1:] if len(r) == len(COLUMNS) and
+                           r[column].isdigit() and int(r[column]) <= count]
+        if len(kept) < len(rows):
+            with atomic_path(self.path) as tmp, open(tmp, "w", newline="") as f:
+                csv.writer(f).writerows(kept)
 
     def write(self, row):
         """Append one epoch's row."""

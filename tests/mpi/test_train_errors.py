@@ -2,6 +2,8 @@
 
 import dataclasses
 
+import h5py
+import numpy as np
 import pytest
 from mpi4py import MPI
 
@@ -49,3 +51,30 @@ def test_ranks_with_different_models_fail_together(comm, config):
     hidden = 9 if comm.rank == comm.size - 1 else 8
     config = dataclasses.replace(config, hidden=hidden)
     assert raises_everywhere(comm, config, RuntimeError, "cut other gradient buckets")
+
+
+def _bad_files(root):
+    (root / "text.h5").write_text("not hdf5")
+    with h5py.File(root / "uneven.h5", "w") as f:
+        f["x"], f["y"] = np.zeros((10, 6), np.float32), np.zeros(9, np.int64)
+    with h5py.File(root / "empty.h5", "w") as f:
+        f["x"], f["y"] = np.zeros((0, 6), np.float32), np.zeros(0, np.int64)
+    (root / "checkpoint.pt").write_bytes(b"hpctrain-checkpoint {\"format\": 2, \"bytes\": 99, "
+                                         b"\"sha256\": \"0\"}\nshort")
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"data": "{root}/text.h5"}, "is not a readable HDF5 file"),
+    ({"data": "{root}/uneven.h5"}, "with equal rows"),
+    ({"data": "{root}/empty.h5"}, "holds no samples"),
+    ({"val_fraction": 0.995}, "--val-fraction 0.995 leaves no training rows"),
+    ({"resume": "{root}/checkpoint.pt"}, "is truncated: it holds 5 of 99 bytes"),
+    ({"resume": "auto", "run_dir": "{root}"}, "no intact checkpoint in"),
+])
+def test_bad_files_raise_on_every_rank(comm, config, tmp_path, change, match):
+    root = comm.bcast(str(tmp_path), root=0)
+    if comm.rank == 0:
+        _bad_files(tmp_path)
+    comm.Barrier()
+    change = {k: v.format(root=root) if isinstance(v, str) else v for k, v in change.items()}
+    assert raises_everywhere(comm, dataclasses.replace(config, **change), UsageError, match)

@@ -1,0 +1,207 @@
+"""Faults during ``hpctrain train`` at np = 2: a raise anywhere, SIGKILL, a stall, NaN, a
+diverged replica. Each launch is bounded by the ``mpirun`` fixture's timeout (a hang fails);
+the bounds asserted on the time from the fault to the end of the job are the promises of
+docs/reliability.md."""
+
+import random
+import re
+import sys
+
+import pytest
+import torch
+
+from conftest import launch
+from hpctrain import faults
+from hpctrain.data import synthetic
+from hpctrain.train import checkpoint
+
+NP = 2
+FAIL_WITHIN = 10     # s from the fault: a raise on any rank ends the job
+KILL_WITHIN = 30     # s from the fault: a SIGKILLed rank ends the job
+HANG = 120           # s: the fixture kills a launch that takes longer and fails the test
+STEPS_PER_EPOCH = 12  # 96 training rows / (4 per rank x 2 ranks)
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory):
+    return synthetic.write(tmp_path_factory.mktemp("data") / "faults.h5", 120, (1, 4, 4), 4,
+                           seed=3, noise=1.5)
+
+
+@pytest.fixture(scope="module")
+def train_cmd(data_file):
+    def command(run_dir, *options):
+        return [sys.executable, "-m", "hpctrain", "train", f"--data={data_file}", "--hidden=8",
+                "--epochs=2", "--batch-size=4", "--allreduce=ring", "--progress=never",
+                "--warmup-epochs=1", f"--run-dir={run_dir}", *options]
+    return command
+
+
+def after_fault(run):
+    """Seconds from the (first) injected fault to the end of the job: the job's reaction,
+    without its start-up, which on a loaded 2-core machine alone can take 10 s."""
+    fired = re.search(r"\[hpctrain\] fault .* fires on rank \d+: .* \(t=([\d.]+)\)", run.output)
+    assert fired, run.output
+    return run.ended - float(fired.group(1))
+
+
+# --- the fault specification ------------------------------------------------------------------
+
+def test_fault_spec_counts_hits_and_returns_other_actions(monkeypatch):
+    monkeypatch.setenv(faults.ENV, "p@1#3:nan,q@*:sleep=0.01,r@0")
+    faults.reset()
+    assert [faults.inject("p", 1) for _ in range(4)] == [None, None, "nan", None]
+    assert faults.inject("p", 0) is None
+    assert faults.inject("q", 7) is None      # slept, then went on
+    with pytest.raises(faults.InjectedFault, match="'r' on rank 0"):
+        faults.inject("r", 0)
+    faults.reset()
+    monkeypatch.delenv(faults.ENV)
+    assert faults.inject("p", 1) is None
+
+
+# --- a rank that raises -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fault, options", [
+    ("train.start@1", []),                        # start-up, before the first broadcast
+    ("train.first_step@0", []),                   # before the first forward pass
+    ("train.step@1#7", []),                       # mid-epoch, after step 7 of 12
+    ("train.reduce@0#3", []),                     # communication thread, in a bucket allreduce
+    ("train.reduce@1#3", ["--regime=ps"]),       # in a Reduce onto the parameter server
+    ("train.checkpoint@0#2", ["--checkpoint-every=2 steps"]),     # rank 0 writing
+    ("train.checkpoint@1#2", ["--checkpoint-every=2 steps"]),     # rank 1 passing it
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_a_rank_that_raises_ends_the_job(mpirun, train_cmd, tmp_path, fault, options):
+    run_dir = tmp_path / "run"
+    run = mpirun(NP, train_cmd(run_dir, *options), timeout=HANG, env={faults.ENV: fault})
+    rank = int(fault.split("@")[1][0])
+    assert run.returncode != 0, run.output
+    assert f"[hpctrain] rank {rank} of {NP} on" in run.output
+    assert "Traceback (most recent call last)" in run.output
+    assert f"InjectedFault: injected fault at '{fault.split('@')[0]}' on rank {rank}" in run.output
+    assert after_fault(run) < FAIL_WITHIN, run.output
+    assert "\nepoch   2/2" not in run.output
+    if "checkpoint" in fault:
+        # Rank 0 failing while writing the second checkpoint (step 4) leaves the first one
+        # intact; when rank 1 fails there, rank 0 may still write the second.
+        steps = {2} if rank == 0 else {2, 4}
+        assert checkpoint.load(run_dir / "checkpoint.pt")["step"] in steps
+        assert not list(run_dir.glob(".*tmp*")), "a half-written checkpoint was left behind"
+
+
+def test_a_failure_while_writing_data_leaves_no_file(mpirun, hpctrain_cmd, tmp_path):
+    out = tmp_path / "s.h5"
+    run = mpirun(NP, [*hpctrain_cmd, "data", "synthetic", "--samples=10000", "--shape=8",
+                      f"--out={out}"], timeout=HANG, env={faults.ENV: "data.write@0"})
+    assert run.returncode != 0
+    assert "InjectedFault: injected fault at 'data.write' on rank 0" in run.output
+    assert after_fault(run) < FAIL_WITHIN
+    assert list(tmp_path.iterdir()) == [], "a half-written data file was left behind"
+
+
+# --- a rank killed with SIGKILL, and the resume -------------------------------------------------
+
+KILL = random.Random(7)
+KILL_RANK, KILL_STEP = KILL.randrange(NP), KILL.randrange(2, 2 * STEPS_PER_EPOCH)
+
+
+@pytest.fixture(scope="module")
+def killed(train_cmd, tmp_path_factory):
+    """The uninterrupted run, and a run whose rank KILL_RANK is killed after KILL_STEP."""
+    root = tmp_path_factory.mktemp("kill")
+    # Its only checkpoint is the final one, which holds the weights to compare with.
+    whole = launch(NP, train_cmd(root / "whole", "--checkpoint-every=1000 steps"),
+                   timeout=HANG)
+    assert whole.returncode == 0, whole.output
+    broken = launch(NP, train_cmd(root / "broken", "--checkpoint-every=2 steps"), timeout=HANG,
+                    env={faults.ENV: f"train.step@{KILL_RANK}#{KILL_STEP}:kill"})
+    return root, broken
+
+
+def test_a_killed_rank_ends_the_job_naming_it(killed):
+    _, broken = killed
+    assert broken.returncode != 0, broken.output
+    assert f"process rank {KILL_RANK} with PID" in broken.output, broken.output
+    assert "exited on signal 9 (Killed)" in broken.output
+    assert after_fault(broken) < KILL_WITHIN
+
+
+def test_the_last_checkpoint_before_the_kill_is_intact(killed):
+    root, _ = killed
+    saved = checkpoint.load(root / "broken" / "checkpoint.pt")   # checks length and SHA-256
+    # Rank 0 may or may not have written the checkpoint of the step the other rank died after.
+    assert saved["step"] in {(KILL_STEP - 1) // 2 * 2, KILL_STEP // 2 * 2}, saved["step"]
+
+
+def test_resuming_after_the_kill_reproduces_the_uninterrupted_run(killed, mpirun, train_cmd):
+    root, _ = killed
+    resumed = mpirun(NP, train_cmd(root / "broken", "--checkpoint-every=2 steps", "--resume"),
+                     timeout=HANG)
+    assert resumed.returncode == 0, resumed.output
+    whole = checkpoint.load(root / "whole" / "checkpoint.pt")
+    ended = checkpoint.load(root / "broken" / "checkpoint.pt")
+    assert ended["step"] == whole["step"] == 2 * STEPS_PER_EPOCH
+    assert all(torch.equal(ended["model"][k], whole["model"][k]) for k in whole["model"]), \
+        f"killed rank {KILL_RANK} after step {KILL_STEP}: the resumed weights differ"
+    # The epochs of the killed run after its checkpoint were trained again, not duplicated.
+    epochs = [line.split(",")[0] for line in
+              (root / "broken" / "metrics.csv").read_text().splitlines()[1:]]
+    assert epochs == ["1", "2"]
+
+
+# --- a stalled rank -----------------------------------------------------------------------------
+
+def test_a_stalled_rank_is_named_then_the_job_aborts(mpirun, train_cmd, tmp_path):
+    # Rank 1 sleeps after step 3; rank 0 waits for it in step 4's gradient allreduce.
+    run = mpirun(NP, train_cmd(tmp_path / "run", "--stall-warning=1", "--stall-timeout=3"),
+                 timeout=HANG, env={faults.ENV: "train.step@1#3:sleep=100"})
+    assert run.returncode != 0
+    warning = "[hpctrain] stall: 'step 4' (collective #5) has waited 1 s for rank(s) [1]"
+    abort = "for rank(s) [1], which have not reached it; aborting (stall timeout 3 s)"
+    assert warning in run.output and abort in run.output, run.output
+    assert run.output.index(warning) < run.output.index(abort)
+    assert after_fault(run) < KILL_WITHIN, run.output  # the 3 s stall timeout, then abort
+
+
+def test_a_short_stall_is_named_and_the_run_goes_on(mpirun, train_cmd, tmp_path):
+    run = mpirun(NP, train_cmd(tmp_path / "run", "--stall-warning=1", "--stall-timeout=0"),
+                 timeout=HANG, env={faults.ENV: "train.step@0#2:sleep=2.5"})
+    assert run.returncode == 0, run.output
+    # Rank 0 itself is late: its watchdog thread names it while its main thread sleeps.
+    assert "[hpctrain] stall: collective #4 has waited 1 s for rank(s) [0]" \
+        in run.output
+    assert "\nepoch   2/2" in run.output
+
+
+# --- NaN and Inf, diverged replicas -------------------------------------------------------------
+
+@pytest.mark.parametrize("fault, message", [
+    ("train.loss@1#5:nan", "non-finite loss on rank(s) [1]; non-finite gradients on rank(s) "
+                           "[0, 1] at step 5 (epoch 1): stopping (--nonfinite error)"),
+    ("train.grad@0#14:inf", "non-finite gradients on rank(s) [0, 1] at step 14 (epoch 2): "
+                            "stopping (--nonfinite error)"),
+])
+def test_a_non_finite_step_stops_every_rank(mpirun, train_cmd, tmp_path, fault, message):
+    run = mpirun(NP, train_cmd(tmp_path / "run"), timeout=HANG, env={faults.ENV: fault})
+    assert run.returncode != 0
+    assert f"NonFiniteError: {message}" in run.output, run.output
+    assert after_fault(run) < FAIL_WITHIN, run.output
+
+
+def test_skip_drops_the_update_and_finishes(mpirun, train_cmd, tmp_path):
+    run = mpirun(NP, train_cmd(tmp_path / "run", "--nonfinite=skip"), timeout=HANG,
+                 env={faults.ENV: "train.loss@1#5:inf"})
+    assert run.returncode == 0, run.output
+    assert ("non-finite loss on rank(s) [1]; non-finite gradients on rank(s) [0, 1] at step 5 "
+            "(epoch 1): update skipped on every rank (--nonfinite skip; 1 skipped so far)") \
+        in run.output
+    assert "nan" not in run.output.split("\nepoch   1/2")[1], "the skipped loss was counted"
+
+
+def test_a_diverged_replica_is_an_error_naming_it(mpirun, train_cmd, tmp_path):
+    run = mpirun(NP, train_cmd(tmp_path / "run", "--check-consistency=2"), timeout=HANG,
+                 env={faults.ENV: "train.perturb@1#3:perturb"})
+    assert run.returncode != 0
+    assert ("model replicas differ at step 4 (--check-consistency 2): ranks [1] do not hold "
+            "rank 0's weights") in run.output, run.output
+    assert after_fault(run) < FAIL_WITHIN
