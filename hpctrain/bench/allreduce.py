@@ -62,9 +62,9 @@ def run(args, comm):
         for count in counts if group else ():
             buf = torch.zeros(count, dtype=dtype, device=device)
             want = expected(count, comm.size, args.op, dtype).to(device) if args.check else None
-            for algo in group:
-                row = measure(buf, algo, args, comm)
-                row["wrong"] = count_wrong(buf, algo, args, comm, want) if args.check else -1
+            for row in measure(buf, group, args, comm):
+                row["wrong"] = count_wrong(buf, row["algo"], args, comm, want) \
+                    if args.check else -1
                 rows.append(row)
                 _print(comm, format_row(row))
     if "horovod" in algos:
@@ -116,26 +116,50 @@ def validate(args):
     return algos
 
 
-def measure(buf, algo, args, comm):
-    """Time ``-n`` calls of ``algo`` on ``buf`` after ``-w`` warm-up calls; one table row."""
+#: Timed rounds per size: the algorithms take turns, ROUNDS times, in rotated order.
+ROUNDS = 4
+
+
+def measure(buf, algos, args, comm):
+    """Time ``-n`` calls of each of ``algos`` on ``buf``; one table row per algorithm.
+
+    Every algorithm first makes its ``-w`` warm-up calls. The timed calls are then split
+    into up to ``ROUNDS`` rounds in which the algorithms take turns, in an order rotated
+    each round: on a shared machine the load drifts within seconds, and a first algorithm
+    timed in one block would meet other conditions than the last (10-25 % at 4 MiB here).
+    """
     from mpi4py import MPI
 
     buf.zero_()
-    for _ in range(args.warmup):
-        collectives.allreduce(buf, op=args.op, algo=algo, comm=comm, check=False)
-    _sync(buf)
-    comm.Barrier()  # synchronisation point: every rank starts the timed loop together
-    stamps = np.empty(args.iters + 1)
-    stamps[0] = MPI.Wtime()
-    for i in range(args.iters):
-        collectives.allreduce(buf, op=args.op, algo=algo, comm=comm, check=False)
-        stamps[i + 1] = MPI.Wtime()
-    _sync(buf)
-    seconds = (MPI.Wtime() - stamps[0]) / args.iters
+    for algo in algos:
+        for _ in range(args.warmup):
+            collectives.allreduce(buf, op=args.op, algo=algo, comm=comm, check=False)
+    rounds = min(ROUNDS, args.iters)
+    calls = {algo: [] for algo in algos}     # this rank's duration of every timed call
+    for r in range(rounds):
+        iters = args.iters // rounds + (r < args.iters % rounds)
+        for algo in algos[r % len(algos):] + algos[:r % len(algos)]:
+            _sync(buf)
+            comm.Barrier()  # synchronisation point: every rank starts the timed loop together
+            stamps = np.empty(iters + 1)
+            stamps[0] = MPI.Wtime()
+            for i in range(iters):
+                collectives.allreduce(buf, op=args.op, algo=algo, comm=comm, check=False)
+                stamps[i + 1] = MPI.Wtime()
+            _sync(buf)
+            stamps[-1] = MPI.Wtime()
+            calls[algo].extend(np.diff(stamps))
+    return [_row(buf, algo, np.array(calls[algo]), args, comm) for algo in algos]
+
+
+def _row(buf, algo, calls, args, comm):
+    from mpi4py import MPI
+
+    seconds = float(calls.mean())
     low, high = comm.allreduce(seconds, op=MPI.MIN), comm.allreduce(seconds, op=MPI.MAX)
     mean = comm.allreduce(seconds, op=MPI.SUM) / comm.size
     # The median call, for fits that must not be swayed by a rank that lost its core once.
-    median = comm.allreduce(float(np.median(np.diff(stamps))), op=MPI.MAX)
+    median = comm.allreduce(float(np.median(calls)), op=MPI.MAX)
     nbytes = buf.numel() * buf.element_size()
     algbw = nbytes / high / 1e9 if high > 0 else 0.0
     return {"size": nbytes, "count": buf.numel(), "type": args.dtype, "redop": args.op,
