@@ -98,3 +98,22 @@ def mpirun():
 def hpctrain_cmd():
     """The command that runs ``python -m hpctrain`` with this interpreter."""
     return [sys.executable, "-m", "hpctrain"]
+
+
+# --- for the tests that run under mpirun (tests/mpi, tests/gpu) --------------------------------
+
+@pytest.fixture(scope="module")
+def comm():
+    """``MPI.COMM_WORLD`` (imported here, so the serial tests never initialise MPI)."""
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+def from_rank0(comm, make):
+    """``make()`` called on rank 0 only; its (picklable) result on every rank. Collective.
+
+    Each rank runs its own pytest process with its own ``tmp_path``: files every rank must
+    read are written by rank 0 into its directories, and their names broadcast.
+    """
+    return comm.bcast(make() if comm.rank == 0 else None, root=0)

@@ -3,26 +3,20 @@
 import math
 
 import pytest
-from mpi4py import MPI
 
 from hpctrain.data import synthetic
 from hpctrain.errors import UsageError
 from hpctrain.train import TrainConfig, train
 
+from conftest import from_rank0
+
 pytestmark = pytest.mark.mpi
-
-
-@pytest.fixture(scope="module")
-def comm():
-    return MPI.COMM_WORLD
 
 
 @pytest.fixture
 def config(comm, tmp_path):
-    path = None
-    if comm.rank == 0:
-        path = synthetic.write(tmp_path / "async.h5", 400, (16,), 4, seed=5, noise=1.0)
-    path, run_dir = comm.bcast((path, str(tmp_path)), root=0)
+    path, run_dir = from_rank0(comm, lambda: (
+        synthetic.write(tmp_path / "async.h5", 400, (16,), 4, seed=5, noise=1.0), str(tmp_path)))
     return TrainConfig(data=str(path), run_dir=run_dir, regime="async-ps", hidden=16,
                        epochs=2, batch_size=8, lr=0.05, progress="never")
 

@@ -15,13 +15,14 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from mpi4py import MPI
 
 from hpctrain.data import HDF5Dataset, split_indices, synthetic
 from hpctrain.models import build_model
 from hpctrain.sampler import DistributedSampler
 from hpctrain.train import TrainConfig, train
 from hpctrain.train.config import ALLREDUCE
+
+from conftest import from_rank0
 
 pytestmark = pytest.mark.mpi
 
@@ -30,19 +31,10 @@ PER_RANK_BATCH = 3
 
 
 @pytest.fixture(scope="module")
-def comm():
-    return MPI.COMM_WORLD
-
-
-@pytest.fixture(scope="module")
 def data_file(comm, tmp_path_factory):
     # 40 rows, 30 for training: padded last batches at N = 3 and 4, exact at N = 2.
-    path = None
-    if comm.rank == 0:
-        path = synthetic.write(tmp_path_factory.mktemp("data") / "eq.h5", 40, (1, 3, 3), 3,
-                               seed=7, noise=0.5)
-    path = comm.bcast(path, root=0)
-    return path
+    return from_rank0(comm, lambda: synthetic.write(
+        tmp_path_factory.mktemp("data") / "eq.h5", 40, (1, 3, 3), 3, seed=7, noise=0.5))
 
 
 @pytest.fixture

@@ -11,20 +11,15 @@ from hpctrain.data import synthetic
 from hpctrain.errors import UsageError
 from hpctrain.train import TrainConfig, train
 
+from conftest import from_rank0
+
 pytestmark = pytest.mark.mpi
-
-
-@pytest.fixture(scope="module")
-def comm():
-    return MPI.COMM_WORLD
 
 
 @pytest.fixture
 def config(comm, tmp_path):
-    path = None
-    if comm.rank == 0:
-        path = synthetic.write(tmp_path / "e.h5", 60, (6,), 3, seed=1)
-    path, run_dir = comm.bcast((path, str(tmp_path)), root=0)
+    path, run_dir = from_rank0(comm, lambda: (
+        synthetic.write(tmp_path / "e.h5", 60, (6,), 3, seed=1), str(tmp_path)))
     return TrainConfig(data=str(path), run_dir=run_dir, hidden=8, epochs=1, batch_size=4,
                        allreduce="ring", progress="never", checkpoint_every="0")
 

@@ -14,25 +14,20 @@ from hpctrain.data import synthetic
 from hpctrain.train import TrainConfig, train
 from hpctrain.train.nonfinite import NonFiniteError
 
+from conftest import from_rank0
+
 pytestmark = pytest.mark.mpi
 
 REGIMES = [("allreduce", "ring"), ("allreduce", "horovod"), ("ps", "ring"),
            ("ps-sharded", "ring")]
 
 
-@pytest.fixture(scope="module")
-def comm():
-    return MPI.COMM_WORLD
-
-
 @pytest.fixture
 def config(comm, tmp_path_factory):
-    path = run_dir = None
-    if comm.rank == 0:
+    def write():
         root = tmp_path_factory.mktemp("rel")
-        path = synthetic.write(root / "r.h5", 80, (6,), 3, seed=4, noise=1.5)
-        run_dir = str(root / "run")
-    path, run_dir = comm.bcast((path, run_dir), root=0)
+        return synthetic.write(root / "r.h5", 80, (6,), 3, seed=4, noise=1.5), str(root / "run")
+    path, run_dir = from_rank0(comm, write)
     return TrainConfig(data=str(path), run_dir=run_dir, hidden=8, epochs=2, batch_size=4,
                        allreduce="ring", progress="never", checkpoint_every="0",
                        warmup_epochs=0.5)

@@ -9,21 +9,15 @@ from mpi4py import MPI
 from hpctrain.data import synthetic
 from hpctrain.train import TrainConfig, checkpoint, train
 
+from conftest import from_rank0
+
 pytestmark = pytest.mark.mpi
 
 
 @pytest.fixture(scope="module")
-def comm():
-    return MPI.COMM_WORLD
-
-
-@pytest.fixture(scope="module")
 def data_file(comm, tmp_path_factory):
-    path = None
-    if comm.rank == 0:
-        path = synthetic.write(tmp_path_factory.mktemp("data") / "resume.h5", 120, (1, 4, 4),
-                               4, seed=2, noise=1.5)
-    return comm.bcast(path, root=0)
+    return from_rank0(comm, lambda: synthetic.write(
+        tmp_path_factory.mktemp("data") / "resume.h5", 120, (1, 4, 4), 4, seed=2, noise=1.5))
 
 
 @pytest.fixture

@@ -9,11 +9,6 @@ from hpctrain import info, runtime
 pytestmark = pytest.mark.mpi
 
 
-@pytest.fixture(scope="module")
-def comm():
-    return MPI.COMM_WORLD
-
-
 def test_launcher_rank_matches_mpi(comm):
     assert comm.allreduce(runtime.launcher_rank() == comm.rank, op=MPI.LAND)
 
