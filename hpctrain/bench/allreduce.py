@@ -14,6 +14,7 @@ argument-agreement check off, so the times are the algorithms' own; the correctn
 (``-c 1``) runs with the check on, on small integers whose sum is exact in every dtype and in any order, and counts wrong elements.
 """
 
+import math
 import sys
 
 import numpy as np
@@ -39,6 +40,7 @@ def default_algos():
 
 def run(args, comm):
     """Run the benchmark; return the number of wrong values over all sizes, algorithms, ranks."""
+    faults.inject("bench.start", comm.rank)
     algos = validate(args)
     dtype = DTYPES[args.dtype]
     itemsize = torch.empty(0, dtype=dtype).element_size()
@@ -52,7 +54,7 @@ def run(args, comm):
     _print(comm, *report.header_lines("allreduce", settings, comm), *_column_header())
     if "auto" in algos:
         collectives.auto.use(collectives.auto.load(args.profile, comm))  # collective
-    rows = []
+    rows, reference = [], None
     # Horovod's background thread, once started, polls MPI every cycle and slows whatever runs
     # after it on shared cores: it is timed last, over all sizes, and then stopped.
     for group in ([a for a in algos if a != "horovod"], [a for a in algos if a == "horovod"]):
@@ -62,7 +64,14 @@ def run(args, comm):
         for count in counts if group else ():
             buf = torch.zeros(count, dtype=dtype, device=device)
             want = expected(count, comm.size, args.op, dtype).to(device) if args.check else None
-            for row in measure(buf, group, args, comm):
+            # At the smallest size, a bare mpi4py Sendrecv of the same buffer is timed
+            # beside the algorithms: the floor that a point-to-point algorithm's small
+            # messages are measured against.
+            first = count == counts[0] and group != ["horovod"] and count > 0
+            measured = measure(buf, group, args, comm, reference=first)
+            if first:
+                reference = measured.pop()
+            for row in measured:
                 row["wrong"] = count_wrong(buf, row["algo"], args, comm, want) \
                     if args.check else -1
                 rows.append(row)
@@ -79,8 +88,10 @@ def run(args, comm):
             if row["algo"] == "auto"))
     wrong = sum(max(row["wrong"], 0) for row in rows)
     _print(comm, *footer_lines(rows, algos, wrong, args.check))
+    if reference is not None:
+        _print(comm, *reference_lines(rows, reference, comm.size))
     if comm.rank == 0:
-        _save(args, settings, rows, wrong)
+        _save(args, settings, rows, wrong, reference)
     return wrong
 
 
@@ -120,8 +131,9 @@ def validate(args):
 ROUNDS = 4
 
 
-def measure(buf, algos, args, comm):
-    """Time ``-n`` calls of each of ``algos`` on ``buf``; one table row per algorithm.
+def measure(buf, algos, args, comm, reference=False):
+    """Time ``-n`` calls of each of ``algos`` on ``buf``; one table row per algorithm, and
+    with ``reference`` one more row last: :func:`sendrecv_call` timed the same way.
 
     Every algorithm first makes its ``-w`` warm-up calls. The timed calls are then split
     into up to ``ROUNDS`` rounds in which the algorithms take turns, in an order rotated
@@ -131,25 +143,75 @@ def measure(buf, algos, args, comm):
     from mpi4py import MPI
 
     buf.zero_()
-    for algo in algos:
+    calls = {algo: _allreduce_call(buf, algo, args.op, comm) for algo in algos}
+    if reference:
+        calls[SENDRECV] = sendrecv_call(buf, comm)
+    names = list(calls)
+    for call in calls.values():
         for _ in range(args.warmup):
-            collectives.allreduce(buf, op=args.op, algo=algo, comm=comm, check=False)
+            call()
     rounds = min(ROUNDS, args.iters)
-    calls = {algo: [] for algo in algos}     # this rank's duration of every timed call
+    times = {name: [] for name in names}     # this rank's duration of every timed call
+    wtime = MPI.Wtime
     for r in range(rounds):
         iters = args.iters // rounds + (r < args.iters % rounds)
-        for algo in algos[r % len(algos):] + algos[:r % len(algos)]:
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            call = calls[name]
             _sync(buf)
             comm.Barrier()  # synchronisation point: every rank starts the timed loop together
             stamps = np.empty(iters + 1)
-            stamps[0] = MPI.Wtime()
+            faults.inject("bench.allreduce", comm.rank)
+            stamps[0] = wtime()
             for i in range(iters):
-                collectives.allreduce(buf, op=args.op, algo=algo, comm=comm, check=False)
-                stamps[i + 1] = MPI.Wtime()
+                call()
+                stamps[i + 1] = wtime()
             _sync(buf)
-            stamps[-1] = MPI.Wtime()
-            calls[algo].extend(np.diff(stamps))
-    return [_row(buf, algo, np.array(calls[algo]), args, comm) for algo in algos]
+            stamps[-1] = wtime()
+            times[name].extend(np.diff(stamps))
+    return [_row(buf, name, np.array(times[name]), args, comm) for name in names]
+
+
+#: The name of the reference row: one bare Sendrecv per rank pair.
+SENDRECV = "sendrecv"
+
+
+def _allreduce_call(buf, algo, op, comm):
+    allreduce = collectives.allreduce
+    return lambda: allreduce(buf, op=op, algo=algo, comm=comm, check=False)
+
+
+def sendrecv_call(buf, comm):
+    """A call that swaps ``buf`` with a partner (``rank ^ 1``) in one mpi4py ``Sendrecv``,
+    on a private duplicate of ``comm``; the last rank of an odd count has no partner and
+    sends to itself. The same kind of call as the collectives' own messages, timed by the
+    same loop: the point-to-point floor of a small allreduce."""
+    private = comm.Dup()
+    peer = comm.rank ^ 1 if comm.rank ^ 1 < comm.size else comm.rank
+    flat = buf.reshape(-1)
+    if buf.is_cuda:
+        _sync(buf)
+    else:
+        flat = flat.numpy() if not buf.is_floating_point() or buf.element_size() > 2 \
+            else flat.view(torch.int16).numpy()
+    received = flat.clone() if buf.is_cuda else flat.copy()
+    sendrecv = private.Sendrecv
+    return lambda: sendrecv(flat, peer, 0, received, peer, 0)
+
+
+def reference_lines(rows, reference, ranks):
+    """The footer's small-message comparison: each algorithm at the smallest size against
+    ``ceil(lg p)`` bare Sendrecvs (the fewest messages any allreduce needs per rank)."""
+    steps = max(1, math.ceil(math.log2(ranks))) if ranks > 1 else 1
+    floor_us = steps * reference["time_max_us"]
+    size = reference["size"]
+    lines = [f"# Small messages ({format_size(size)}): one bare mpi4py Sendrecv between rank "
+             f"pairs takes {reference['time_max_us']:.2f} us in the same timing loop; "
+             f"ceil(lg p) = {steps} of them: {floor_us:.2f} us"]
+    ratios = [f"{row['algo']} {row['time_max_us'] / floor_us:.2f}x" for row in rows
+              if row["size"] == size and floor_us > 0]
+    if ratios:
+        lines.append("#   time / (ceil(lg p) x Sendrecv): " + "  ".join(ratios))
+    return lines
 
 
 def _row(buf, algo, calls, args, comm):
@@ -240,10 +302,10 @@ def footer_lines(rows, algos, wrong, checked):
     return lines
 
 
-def _save(args, settings, rows, wrong):
+def _save(args, settings, rows, wrong, reference=None):
     document = {"benchmark": "allreduce", "settings": settings,
                 "environment": report.environment(), "columns": list(COLUMNS),
-                "rows": rows, "wrong": wrong}
+                "rows": rows, "wrong": wrong, "sendrecv_reference": reference}
     if args.json:
         report.write_json(args.json, document)
     if args.hdf5:

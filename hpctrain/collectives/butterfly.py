@@ -129,6 +129,30 @@ class Butterfly(Algorithm):
             return swap_and_add
         return swap_and_add_one if plan.count == 1 else swap_and_add_two
 
+    def bind_buffer(self, comm, plan, flat, run):
+        sched = plan.schedule
+        if sched.fold or sched.halving or plan.finish is not None or len(sched.steps) != 1 \
+                or plan.reduce is not add_few or not isinstance(plan.scratch, np.ndarray):
+            return super().bind_buffer(comm, plan, flat, run)
+        # p = 2, one or two floats summed, the same array every call: the messages are
+        # built once, and the adds go through memoryviews, a third of the cost of
+        # ``item()`` (the sum is rounded to the array's type on the store, as NumPy does).
+        sendrecv, tag, peer = comm.Sendrecv, self.tag, sched.steps[0]
+        datatype = mpi_datatype(plan.dtype)
+        incoming = plan.scratch[:plan.count]
+        send, received = [flat, datatype], [incoming, datatype]
+        mine, theirs = memoryview(flat), memoryview(incoming)
+
+        def swap_and_add_one():
+            sendrecv(send, peer, tag, received, peer, tag)
+            mine[0] = mine[0] + theirs[0]
+
+        def swap_and_add_two():
+            sendrecv(send, peer, tag, received, peer, tag)
+            mine[0] = mine[0] + theirs[0]
+            mine[1] = mine[1] + theirs[1]
+        return swap_and_add_one if plan.count == 1 else swap_and_add_two
+
     def run(self, comm, flat, plan):
         sched = plan.schedule
         tag, scratch, reduce = self.tag, plan.scratch, plan.reduce
