@@ -180,6 +180,33 @@ def test_check_false_gives_the_same_results():
     _all_ranks(not failures, failures)
 
 
+def test_a_buffer_changed_in_place_between_calls_is_seen():
+    # The second call on the same object takes the last-call fast path: it must notice a
+    # tensor resized or retyped in place, and an array made read-only.
+    failures = []
+    for algo in ("butterfly", "ring"):
+        tensor = torch.ones(5)
+        allreduce(tensor, algo=algo)
+        tensor.resize_(2).fill_(1.0)      # same memory, fewer elements
+        allreduce(tensor, algo=algo)
+        # The 3 elements past the tensor's end are still in its memory: untouched.
+        whole = torch.empty(0).set_(tensor.untyped_storage(), 0, (5,))
+        if not torch.equal(whole, torch.full((5,), float(SIZE))):
+            failures.append(f"{algo}: resized tensor {tensor.tolist()}")
+        tensor = torch.ones(2)
+        allreduce(tensor, algo=algo)
+        tensor.data = torch.ones(2, dtype=torch.float32).view(torch.int32).fill_(1)
+        allreduce(tensor, algo=algo)
+        if tensor.dtype != torch.int32 or tensor.tolist() != [SIZE, SIZE]:
+            failures.append(f"{algo}: retyped tensor {tensor.tolist()}")
+        array = np.ones(2)
+        allreduce(array, algo=algo)
+        array.flags.writeable = False
+        if "read-only" not in _message(lambda: allreduce(array, algo=algo)):
+            failures.append(f"{algo}: a read-only array was accepted")
+    _all_ranks(not failures and _still_works(), failures)
+
+
 def test_a_multidimensional_numpy_array_keeps_its_shape():
     array = contribution(RANK, 24, salt=2).reshape(2, 3, 4).astype(np.float64)
     allreduce(array, algo="butterfly")
