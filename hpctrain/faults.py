@@ -15,14 +15,29 @@ For example ``HPCTRAIN_FAULT=info.gather@2 mpirun -np 3 python -m hpctrain info`
 its fifth training step. Points that only misbehave (such as ``bench.corrupt``) may also ask
 ``selected``. Unset, either costs one dictionary lookup.
 
-Points of ``hpctrain train``: ``train.start`` (start-up, before the first broadcast),
-``train.first_step`` (before the first step's forward pass), ``train.step`` (after each
-step), ``train.reduce`` (on the communication thread, as a gradient bucket's allreduce
-begins), ``train.checkpoint`` (rank 0: the new checkpoint is written but not yet published;
-other ranks: as they pass the checkpoint), ``train.loss`` (``nan``/``inf``: the loss becomes
-non-finite), ``train.grad`` (``inf``: the gradients become infinite, the loss stays finite),
-``train.perturb`` (``perturb``: one weight changes on that rank only). Of ``hpctrain data``:
-``data.write`` (after the first chunk of a synthetic data set is written).
+The points, by subcommand:
+
+- ``hpctrain train``: ``train.start`` (start-up, before the first broadcast),
+  ``train.first_step`` (before the first step's forward pass), ``train.step`` (after each
+  step), ``train.reduce`` (on the communication thread, as a gradient bucket's allreduce
+  begins), ``train.checkpoint`` (rank 0: the new checkpoint is written but not yet
+  published; other ranks: as they pass the checkpoint), ``train.loss`` (``nan``/``inf``: the
+  loss becomes non-finite), ``train.grad`` (``inf``: the gradients become infinite, the loss
+  stays finite), ``train.perturb`` (``perturb``: one weight changes on that rank only);
+  under ``--regime async-ps`` also ``train.serve`` (rank 0, the server: a worker's gradient
+  has arrived and that worker waits for the reply) and ``train.push`` (a worker, before it
+  pushes a gradient to the server);
+- ``hpctrain data``: ``data.write`` (after the first chunk of a synthetic data set is
+  written);
+- ``hpctrain info``: ``info.gather`` (before the gather of the rank map), ``info.done``
+  (after the table is printed);
+- ``hpctrain bench allreduce``: ``bench.start`` (a rank's run begins, before any
+  collective), ``bench.allreduce`` (after the barrier that starts a round of timed calls,
+  just before the first of them, which the other ranks have entered; outside the timed loop,
+  so that it costs the timings nothing), ``bench.corrupt`` (``selected``: one element of a
+  checked result is made wrong);
+- ``hpctrain study`` (one process: rank 0): ``study.start`` (before the study launches any
+  job).
 """
 
 import os

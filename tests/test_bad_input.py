@@ -1,13 +1,15 @@
 """Bad input to ``hpctrain train`` at np = 2: a message naming the problem and what is valid,
-exit status 2 within 10 s, no hang, and nothing written to the run directory.
+exit status 2 within 10 s, no hang, and nothing written to the run directory; bad
+``allreduce`` calls (different lengths on different ranks, a non-contiguous tensor) in a
+small program under the same harness.
 
-Bad allreduce calls (different sizes on different ranks, non-contiguous tensors) are tested
-where the collectives live, under mpirun at np = 1..4: tests/mpi/test_collectives.py
-(``test_different_lengths_raise_on_every_rank``, ``test_non_contiguous_input_names_the_fix``).
-``--allreduce=rign`` is tests/test_train_loop.py's ``test_bad_option_ends_every_rank_with_status_2``.
+The allreduce argument checks are tested in depth where the collectives live, under mpirun
+at np = 1..4: tests/mpi/test_collectives.py (``test_different_lengths_raise_on_every_rank``,
+``test_non_contiguous_input_names_the_fix``).
 """
 
 import dataclasses
+import sys
 
 import h5py
 import numpy as np
@@ -32,6 +34,7 @@ def files(tmp_path_factory):
     with h5py.File(root / "empty.h5", "w") as f:
         f["x"], f["y"] = np.zeros((0, 4), np.float32), np.zeros(0, np.int64)
     write_arrays(root / "one.h5", np.zeros((1, 4)), np.zeros(1), classes=2)
+    write_arrays(root / "labels.h5", np.zeros((40, 4)), np.arange(40) % 5, classes=4)
     (root / "typo.toml").write_text('epochs = 1\nlearning_rate = 0.1\n')
     # A checkpoint of the MLP with --hidden 16, written by 1 rank after 1 step (mid-epoch).
     config = TrainConfig(data=str(good), run_dir=str(root / "ckpt"), hidden=16, epochs=1,
@@ -58,6 +61,12 @@ CASES = {
     "fewer samples than ranks x batch": (["--batch-size=20", "--drop-last"],
                                          "drop_last with 32 samples leaves no batch: the global "
                                          "batch (20 × 2 ranks) must be <= 32"),
+    "labels beyond the classes": (["--data={root}/labels.h5"],
+                                  "labels /y must be class indices 0 to 3 (its attribute "
+                                  "'classes' is 4), but they range from 0 to 4"),
+    "unknown algorithm": (["--allreduce=rign"],
+                          "allreduce: 'rign' is not one of horovod, mpi, ring, tree, "
+                          "butterfly, ps, ps-sharded, auto"),
     "unknown model": (["--model=resnet"], "model: 'resnet' is not one of mlp, cnn, wide"),
     "unknown regime": (["--regime=gossip"],
                        "regime: 'gossip' is not one of allreduce, ps, ps-sharded, async-ps"),
@@ -66,6 +75,10 @@ CASES = {
     "zero batch size": (["--batch-size=0"], "batch_size must be >= 1, got 0"),
     "negative hidden width": (["--hidden=-4"], "hidden must be >= 1, got -4"),
     "zero bucket size": (["--bucket-mb=0"], "bucket_mb must be > 0, got 0.0"),
+    "NaN fraction": (["--val-fraction=nan"],
+                     "val_fraction must be a finite number >= 0.0 and < 1.0, got nan"),
+    "infinite size": (["--model=wide", "--model-mb=inf"],
+                      "model_mb must be a finite number > 0, got inf"),
     "misspelled key in a config file": (["--config={root}/typo.toml"],
                                         "unknown configuration key 'learning_rate' in "
                                         "{root}/typo.toml; valid keys:"),
@@ -73,6 +86,13 @@ CASES = {
                                      "holds a model built with --model mlp --hidden 16; this run "
                                      "builds --model mlp --hidden 8: resume with --model mlp "
                                      "--hidden 16, or start afresh without --resume"),
+    "checkpoint of another configuration": (
+        ["--resume={root}/ckpt/checkpoint.pt", "--hidden=16", "--batch-size=8", "--seed=3",
+         "--momentum=0.5"],
+        "was written with other settings than this run's: --seed 0 (this run: 3), "
+        "--batch-size 4 (this run: 8), --momentum 0.9 (this run: 0.5); a resumed run must "
+        "continue the same training: resume with --seed 0 --batch-size 4 --momentum 0.9, or "
+        "start a new run (another --run-dir, without --resume)"),
     "mid-epoch checkpoint on another rank count": (
         ["--resume={root}/ckpt/checkpoint.pt", "--hidden=16"],
         "was written by 1 ranks mid-epoch or with a sharded optimizer: resume it on 1 ranks "
@@ -94,6 +114,74 @@ def test_bad_input_is_reported_and_ends_the_job(mpirun, hpctrain_cmd, files, tmp
     assert "Traceback" not in run.output
     assert run.elapsed < WITHIN, run.output
     assert not run_dir.exists(), "a failed start wrote into the run directory"
+
+
+def test_the_message_is_on_stderr(mpirun, hpctrain_cmd, files, tmp_path):
+    # Each rank's stderr goes to a file of its own, its stdout to the launch's output: the
+    # error must be in the former, alone, and not in the latter.
+    errors = tmp_path / "stderr"
+    command = [*hpctrain_cmd, "train", f"--data={files}/nothing.h5", "--progress=never",
+               f"--run-dir={tmp_path / 'run'}"]
+    run = mpirun(NP, ["sh", "-c", 'exec "$@" 2>"$0.$OMPI_COMM_WORLD_RANK"', errors, *command],
+                 timeout=HANG)
+    assert run.returncode == 2, run.output
+    for rank in range(NP):
+        text = (tmp_path / f"stderr.{rank}").read_text()
+        assert f"error: data file '{files}/nothing.h5' does not exist" in text, text
+    assert "does not exist" not in run.output, "the message went to stdout"
+    assert run.elapsed < WITHIN, run.output
+
+
+#: Ranks call allreduce with different lengths, or rank 1 with a non-contiguous tensor. Each
+#: rank prints its own error before the first one to raise ends the job (MPI_Abort).
+ALLREDUCE_PROGRAM = """
+import sys
+
+import torch
+from mpi4py import MPI
+
+from hpctrain.collectives import allreduce
+from hpctrain.runtime import run_guarded
+
+
+def main(case, algo):
+    rank = MPI.COMM_WORLD.rank
+    if case == "lengths":
+        buf = torch.ones(5 + rank)
+    else:  # rank 1: the transpose of the others' 4 x 4, the same count, not contiguous
+        buf = torch.ones(4, 4).t() if rank == 1 else torch.ones(4, 4)
+    try:
+        allreduce(buf, algo=algo)
+    except Exception as exc:
+        print(f"rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        MPI.COMM_WORLD.Barrier()  # reached only if every rank raised: none hangs
+        raise
+
+
+run_guarded(main, *sys.argv[1:])
+"""
+
+ALLREDUCE_ERRORS = {
+    "lengths": ["rank 0: MismatchError: allreduce called with different arguments on "
+                "different ranks: count differs: from 5 to 6 (this rank: 5)",
+                "rank 1: MismatchError: allreduce called with different arguments on "
+                "different ranks: count differs: from 5 to 6 (this rank: 6)"],
+    "non-contiguous": ["rank 0: MismatchError: allreduce called with different arguments on "
+                       "different ranks: some ranks rejected their arguments",
+                       "rank 1: UsageError: allreduce needs a contiguous tensor, got one of "
+                       "shape (4, 4) and strides (1, 4): pass buf.contiguous()"],
+}
+
+
+@pytest.mark.parametrize("algo", ["ring", "mpi"])
+@pytest.mark.parametrize("case", ALLREDUCE_ERRORS)
+def test_bad_allreduce_arguments_end_every_rank(mpirun, case, algo):
+    run = mpirun(NP, [sys.executable, "-c", ALLREDUCE_PROGRAM, case, algo], timeout=HANG)
+    assert run.returncode == 2, run.output
+    for message in ALLREDUCE_ERRORS[case]:
+        assert message in run.output, run.output
+    assert "Traceback" not in run.output
+    assert run.elapsed < WITHIN, run.output
 
 
 def test_async_ps_on_one_rank_names_the_rank_count(mpirun, hpctrain_cmd, files, tmp_path):

@@ -1,17 +1,22 @@
 """Faults during ``hpctrain train`` at np = 2: a raise anywhere, SIGKILL, a stall, NaN, a
-diverged replica. Each launch is bounded by the ``mpirun`` fixture's timeout (a hang fails);
-the bounds asserted on the time from the fault to the end of the job are the promises of
-docs/reliability.md."""
+diverged replica; a raise in ``hpctrain bench`` (np = 2) and ``hpctrain study`` (one process).
+Each launch is bounded by the ``mpirun`` fixture's timeout (a hang fails); the bounds asserted
+on the time from the fault to the end of the job are the promises of docs/reliability.md."""
 
+import csv
+import math
 import random
 import re
+import subprocess
 import sys
+import time
 
 import pytest
 import torch
 
-from conftest import launch
+from conftest import REPO, Launch, launch
 from hpctrain import faults
+from hpctrain.launch import launch_environment
 from hpctrain.data import synthetic
 from hpctrain.train import checkpoint
 
@@ -45,6 +50,18 @@ def after_fault(run):
     return run.ended - float(fired.group(1))
 
 
+def assert_ended_by(run, fault, np=NP):
+    """``run`` ended non-zero within FAIL_WITHIN of ``fault`` (``POINT@RANK[#N]``) firing,
+    with the failing rank's traceback."""
+    point, rank = fault.split("@")[0], int(fault.split("@")[1].split("#")[0])
+    assert run.returncode != 0, run.output
+    if np > 1:
+        assert f"[hpctrain] rank {rank} of {np} on" in run.output, run.output
+    assert "Traceback (most recent call last)" in run.output, run.output
+    assert f"InjectedFault: injected fault at '{point}' on rank {rank}" in run.output, run.output
+    assert after_fault(run) < FAIL_WITHIN, run.output
+
+
 # --- the fault specification ------------------------------------------------------------------
 
 def test_fault_spec_counts_hits_and_returns_other_actions(monkeypatch):
@@ -70,16 +87,14 @@ def test_fault_spec_counts_hits_and_returns_other_actions(monkeypatch):
     ("train.reduce@1#3", ["--regime=ps"]),       # in a Reduce onto the parameter server
     ("train.checkpoint@0#2", ["--checkpoint-every=2 steps"]),     # rank 0 writing
     ("train.checkpoint@1#2", ["--checkpoint-every=2 steps"]),     # rank 1 passing it
+    ("train.serve@0#3", ["--regime=async-ps"]),   # the server, while the worker awaits it
+    ("train.push@1#3", ["--regime=async-ps"]),    # a worker, while the server awaits it
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_a_rank_that_raises_ends_the_job(mpirun, train_cmd, tmp_path, fault, options):
     run_dir = tmp_path / "run"
     run = mpirun(NP, train_cmd(run_dir, *options), timeout=HANG, env={faults.ENV: fault})
     rank = int(fault.split("@")[1][0])
-    assert run.returncode != 0, run.output
-    assert f"[hpctrain] rank {rank} of {NP} on" in run.output
-    assert "Traceback (most recent call last)" in run.output
-    assert f"InjectedFault: injected fault at '{fault.split('@')[0]}' on rank {rank}" in run.output
-    assert after_fault(run) < FAIL_WITHIN, run.output
+    assert_ended_by(run, fault)
     assert "\nepoch   2/2" not in run.output
     if "checkpoint" in fault:
         # Rank 0 failing while writing the second checkpoint (step 4) leaves the first one
@@ -87,6 +102,32 @@ def test_a_rank_that_raises_ends_the_job(mpirun, train_cmd, tmp_path, fault, opt
         steps = {2} if rank == 0 else {2, 4}
         assert checkpoint.load(run_dir / "checkpoint.pt")["step"] in steps
         assert not list(run_dir.glob(".*tmp*")), "a half-written checkpoint was left behind"
+
+
+@pytest.mark.parametrize("fault", [
+    "bench.start@1",          # before any collective; rank 0 waits in the first one
+    "bench.allreduce@0#3",    # the third round of timed calls; rank 1 is inside the first call
+])
+def test_a_bench_rank_that_raises_ends_the_job(mpirun, hpctrain_cmd, fault):
+    run = mpirun(NP, [*hpctrain_cmd, "bench", "allreduce", "-b", "8", "-e", "1K", "-f", "4",
+                      "-n", "4", "-w", "1", "--algos=ring,tree"], timeout=HANG,
+                 env={faults.ENV: fault})
+    assert_ended_by(run, fault)
+    assert "# Avg bus bandwidth" not in run.output, "the benchmark went on to its end"
+
+
+@pytest.mark.parametrize("study", [["allreduce", "--quick"], ["train", "--quick"],
+                                   ["predict", "--link=100gbit"]], ids=lambda s: s[0])
+def test_a_study_that_raises_ends_with_its_traceback(hpctrain_cmd, tmp_path, study):
+    # A study is one process (it refuses to run under mpirun): no MPI_Abort to wait for.
+    argv = [*hpctrain_cmd, "study", *study, f"--out={tmp_path / 'out'}"]
+    start = time.monotonic()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=HANG, cwd=REPO,
+                          env={**launch_environment(), faults.ENV: "study.start@0"})
+    run = Launch(argv, done.returncode, done.stdout + done.stderr, time.monotonic() - start,
+                 time.time())
+    assert_ended_by(run, "study.start@0", np=1)
+    assert not (tmp_path / "out").exists(), "the study started although it failed"
 
 
 def test_a_failure_while_writing_data_leaves_no_file(mpirun, hpctrain_cmd, tmp_path):
@@ -188,14 +229,24 @@ def test_a_non_finite_step_stops_every_rank(mpirun, train_cmd, tmp_path, fault, 
     assert after_fault(run) < FAIL_WITHIN, run.output
 
 
-def test_skip_drops_the_update_and_finishes(mpirun, train_cmd, tmp_path):
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_skip_drops_the_update_and_finishes(mpirun, train_cmd, tmp_path, value):
     run = mpirun(NP, train_cmd(tmp_path / "run", "--nonfinite=skip"), timeout=HANG,
-                 env={faults.ENV: "train.loss@1#5:inf"})
+                 env={faults.ENV: f"train.loss@1#5:{value}"})
     assert run.returncode == 0, run.output
     assert ("non-finite loss on rank(s) [1]; non-finite gradients on rank(s) [0, 1] at step 5 "
             "(epoch 1): update skipped on every rank (--nonfinite skip; 1 skipped so far)") \
         in run.output
-    assert "nan" not in run.output.split("\nepoch   1/2")[1], "the skipped loss was counted"
+    assert run.output.count("update skipped") == 1, "one step skipped, reported by rank 0 once"
+    with open(tmp_path / "run" / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["epoch"]) for r in rows] == [1, 2], rows
+    assert all(math.isfinite(float(r[c])) for r in rows for c in ("train_loss", "val_loss")), \
+        f"the skipped {value} loss was counted: {rows}"
+    # The skipped step's global batch (4 rows on each rank) is left out of epoch 1's sums;
+    # the step itself still counts.
+    assert [int(r["samples"]) for r in rows] == [96 - NP * 4, 96], rows
+    assert [int(r["steps"]) for r in rows] == [STEPS_PER_EPOCH] * 2, rows
 
 
 def test_a_diverged_replica_is_an_error_naming_it(mpirun, train_cmd, tmp_path):

@@ -2,6 +2,8 @@
 auto`` falling back to the newest intact one (in-process, and at np = 2 under mpirun)."""
 
 import dataclasses
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -60,6 +62,33 @@ def test_the_last_k_are_kept_newest_first(tmp_path, keep):
     assert [p.name for p in kept] == ["checkpoint.pt"] + [f"checkpoint.{i}.pt"
                                                           for i in range(1, keep)]
     assert [checkpoint.load(p)["step"] for p in kept] == list(range(4, 4 - keep, -1))
+
+
+@pytest.mark.parametrize("keep", [2, 3])
+def test_a_crash_before_the_new_one_is_published_leaves_checkpoint_pt(tmp_path, monkeypatch,
+                                                                       keep):
+    path = tmp_path / "checkpoint.pt"
+    for step in (1, 2):
+        checkpoint.save(path, {"step": step}, keep=keep)
+    replace = os.replace
+
+    def crash_on_publish(src, dst):
+        # The rename of the new, complete checkpoint onto checkpoint.pt: the rotation of the
+        # older ones has happened, the publication has not.
+        if Path(dst) == path and Path(src).name.startswith(".checkpoint.pt.tmp"):
+            raise OSError("crashed before publishing")
+        replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", crash_on_publish)
+    with pytest.raises(OSError, match="crashed before publishing"):
+        checkpoint.save(path, {"step": 3}, keep=keep)
+    monkeypatch.undo()
+    assert checkpoint.load(path)["step"] == 2
+    assert [checkpoint.load(p)["step"] for p in checkpoint.history(path)] == [2, 2, 1][:keep]
+    assert set(tmp_path.iterdir()) == set(checkpoint.history(path)), "a temporary file is left"
+    # The next save goes on as usual, and the older copies are files of their own.
+    checkpoint.save(path, {"step": 4}, keep=keep)
+    assert [checkpoint.load(p)["step"] for p in checkpoint.history(path)] == [4, 2, 2][:keep]
 
 
 @pytest.mark.parametrize("damage", DAMAGE)

@@ -1,5 +1,6 @@
 """The training configuration: defaults, TOML, overrides, and the errors bad input gets."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -75,6 +76,23 @@ def test_unknown_key_lists_the_valid_keys(tmp_path):
 def test_invalid_values_say_what_is_valid(key, text, message):
     with pytest.raises(UsageError, match=message):
         load_config(None, [(key, text)])
+
+
+@pytest.mark.parametrize("key, text, valid", [
+    ("val_fraction", "nan", ">= 0.0 and < 1.0"),
+    ("model_mb", "inf", "> 0"),
+    ("lr", "-inf", "> 0"),
+    ("weight_decay", "inf", ">= 0.0"),
+    ("stall_timeout", "nan", ">= 0.0"),
+])
+def test_non_finite_numbers_are_rejected_with_the_valid_range(tmp_path, key, text, valid):
+    message = f"{key} must be a finite number {valid}, got {float(text)}"
+    with pytest.raises(UsageError, match=re.escape(message)):
+        load_config(None, [(key, text)])
+    path = tmp_path / "run.toml"
+    path.write_text(f"{key} = {text}\n")     # TOML spells them the same way
+    with pytest.raises(UsageError, match=re.escape(message)):
+        load_config(path)
 
 
 def test_toml_values_are_type_checked(tmp_path):

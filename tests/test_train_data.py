@@ -7,7 +7,7 @@ import h5py
 import numpy as np
 import pytest
 
-from hpctrain.data import HDF5Dataset, digits, split_indices, synthetic, write_arrays
+from hpctrain.data import HDF5Dataset, digits, hdf5, split_indices, synthetic, write_arrays
 from hpctrain.data.atomic import atomic_path
 from hpctrain.errors import UsageError
 
@@ -88,6 +88,28 @@ def test_user_files_with_other_names_and_no_class_attribute(tmp_path):
         f["train/labels"] = np.array([0, 4, 1, 1, 2, 0], dtype=np.int32)
     with HDF5Dataset(path, x="train/images", y="train/labels") as data:
         assert data.num_classes == 5 and data.sample_shape == (4,)
+
+
+@pytest.mark.parametrize("label, classes, message", [
+    (-1, 3, r"must be class indices 0 to 2 \(its attribute 'classes' is 3\), but they range "
+            r"from -1 to 2"),
+    (3, 3, r"must be class indices 0 to 2 .*, but they range from 0 to 3"),
+    (-2, None, r"must be class indices >= 0 \(without a 'classes' attribute, classes = the "
+               r"largest label \+ 1\), but they range from -2 to 2"),
+])
+def test_labels_out_of_range_are_a_usage_error_at_load(tmp_path, monkeypatch, label, classes,
+                                                       message):
+    # The bad label sits in the last of several chunks: every chunk is checked.
+    monkeypatch.setattr(hdf5, "LABEL_CHUNK", 4)
+    y = np.arange(10) % 3
+    y[9] = label
+    path = tmp_path / "labels.h5"
+    with h5py.File(path, "w") as f:
+        f["x"], f["y"] = np.zeros((10, 2), np.float32), y
+        if classes is not None:
+            f["y"].attrs["classes"] = classes
+    with pytest.raises(UsageError, match=message):
+        HDF5Dataset(path)
 
 
 def test_synthetic_data_has_the_asked_shape_and_classes(tmp_path):

@@ -1,7 +1,9 @@
 """Data sets stored as two HDF5 datasets: samples ``x`` (rows × sample shape) and labels ``y``.
 
 Any HDF5 file works if it holds a float sample array and a 1-D integer label array with the
-same number of rows; their names are options (``x`` and ``y`` by default). A rank reads only
+same number of rows; their names are options (``x`` and ``y`` by default). Labels are class
+indices 0 … classes-1: ``classes`` is the label array's attribute of that name, or the
+largest label + 1. A rank reads only
 the rows of its own batches: h5py's fancy indexing reads a list of rows in one call but needs
 the indices strictly increasing, so ``read`` sorts and de-duplicates them, reads, and puts the
 rows back in the order asked for (padding may repeat a row within a batch).
@@ -20,7 +22,9 @@ class HDF5Dataset:
     """The ``x``/``y`` rows of an HDF5 file, opened read-only; ``read(rows)`` loads a batch.
 
     Raises ``UsageError`` if the file is missing, not HDF5, lacks the named datasets or holds
-    arrays of the wrong kind; the message names what the file does contain.
+    arrays of the wrong kind or labels out of range; the message names what the file does
+    contain. Every rank opening the file checks all labels (a pass over the small 1-D label
+    array, in chunks), so every rank reaches the same verdict without a collective.
     """
 
     def __init__(self, path, x="x", y="y"):
@@ -39,11 +43,11 @@ class HDF5Dataset:
         try:
             self._x, self._y = self._dataset(x, "x"), self._dataset(y, "y")
             _check_arrays(self.path, self._x, self._y)
+            self.num_classes = _check_labels(self.path, self._y)
         except UsageError:
             self.close()
             raise
         self.sample_shape = tuple(self._x.shape[1:])
-        self.num_classes = self._classes()
 
     def __len__(self):
         return self._x.shape[0]
@@ -78,12 +82,6 @@ class HDF5Dataset:
                              f"'{option}'); it holds: {', '.join(names) or 'no datasets'}")
         return found
 
-    def _classes(self):
-        if "classes" in self._y.attrs:
-            return int(self._y.attrs["classes"])
-        return int(np.max(self._y[()])) + 1 if len(self) else 0
-
-
 def _check_arrays(path, x, y):
     if x.ndim < 2 or y.ndim != 1 or x.shape[0] != y.shape[0]:
         raise UsageError(f"data file {str(path)!r}: samples {x.name} {x.shape} and labels "
@@ -97,6 +95,32 @@ def _check_arrays(path, x, y):
     if not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)):
         raise UsageError(f"data file {str(path)!r}: samples {x.name} must be numbers, "
                          f"not {x.dtype}")
+
+
+#: Labels read at a time while checking them (8 MB of int64).
+LABEL_CHUNK = 1 << 20
+
+
+def _check_labels(path, y):
+    # Returns the number of classes. A label out of range would otherwise surface as a
+    # torch error in the middle of a step, on the one rank whose batch holds it.
+    low, high = _label_range(y)
+    given = "classes" in y.attrs
+    classes = int(y.attrs["classes"]) if given else high + 1
+    if low < 0 or high >= classes:
+        valid = (f"0 to {classes - 1} (its attribute 'classes' is {classes})" if given else
+                 ">= 0 (without a 'classes' attribute, classes = the largest label + 1)")
+        raise UsageError(f"data file {str(path)!r}: labels {y.name} must be class indices "
+                         f"{valid}, but they range from {low} to {high}")
+    return classes
+
+
+def _label_range(y):
+    low, high = np.iinfo(np.int64).max, np.iinfo(np.int64).min
+    for start in range(0, y.shape[0], LABEL_CHUNK):
+        chunk = y[start:start + LABEL_CHUNK]
+        low, high = min(low, int(chunk.min())), max(high, int(chunk.max()))
+    return low, high
 
 
 def _dataset_names(group):

@@ -22,6 +22,7 @@ import time
 import torch
 from mpi4py import MPI
 
+from .. import faults
 from .nonfinite import NonFiniteError, verdict
 from .regimes import Regime
 from .replicas import broadcast_model, broadcast_optimizer
@@ -68,6 +69,7 @@ class AsyncServerRegime(Regime):
                 active -= 1
                 continue
             self.comm.Recv(self.flat.numpy(), source=worker, tag=TAG_GRAD)
+            faults.inject("train.serve", SERVER)   # that worker now waits for the reply
             stop = run.reached_max_steps()
             staleness = run.step - version
             if not stop:
@@ -108,6 +110,7 @@ class AsyncServerRegime(Regime):
                 continue
             run.count_batch(sums, loss, correct, count)
             _pack(self.params, self.flat, grads=True)
+            faults.inject("train.push", run.rank)
             self.comm.send(version, dest=SERVER, tag=TAG_PUSH)
             self.comm.Send(self.flat.numpy(), dest=SERVER, tag=TAG_GRAD)
             version, stop = self.comm.recv(source=SERVER, tag=TAG_VERSION)

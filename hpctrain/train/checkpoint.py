@@ -10,7 +10,9 @@ error that says which, never weights silently wrong. Rank 0 writes atomically (t
 file + fsync + rename): a crash while writing leaves the previous checkpoint intact. The
 newest is ``checkpoint.pt``; with ``keep`` > 1 the older ones move to ``checkpoint.1.pt``,
 ``checkpoint.2.pt``, … (older = higher number), and ``--resume auto`` takes the newest one
-that passes its checks, reporting every damaged one it skips.
+that passes its checks, reporting every damaged one it skips. ``checkpoint.pt`` exists at
+every moment of a save: the previous one gets its second name ``checkpoint.1.pt`` (a hard
+link) before the new file replaces it in one rename.
 
 Resuming on CPU with the same seeds, ranks and deterministic allreduce algorithm
 reproduces the uninterrupted run bit for bit: nothing random is drawn after start-up (the
@@ -23,6 +25,7 @@ import json
 import os
 import random
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -44,9 +47,10 @@ class CheckpointError(UsageError):
 def save(path, state, keep=1):
     """Write ``state`` to ``path`` atomically, keeping ``keep`` checkpoints (one rank only).
 
-    The older checkpoints move one place down the list (``path`` becomes ``<stem>.1<suffix>``
-    and so on) only once the new one is completely written; the oldest beyond ``keep`` is
-    overwritten.
+    The older checkpoints move one place down the list (``path`` is also named
+    ``<stem>.1<suffix>``, and so on) only once the new one is completely written; the oldest
+    beyond ``keep`` is overwritten. Then the new file replaces ``path`` in one rename, so a
+    crash at any point leaves ``path`` holding the previous or the new checkpoint.
     """
     path = Path(path)
     buffer = io.BytesIO()
@@ -110,11 +114,25 @@ def history(path):
 
 
 def _rotate(path, keep):
-    # Oldest first, so that no rename overwrites a file that is still to be moved.
+    # Oldest first, so that no rename overwrites a file that is still to be moved. ``path``
+    # itself is not moved but linked: moving it would leave no checkpoint.pt until the new
+    # one is renamed into place, and a crash in between would leave none at all.
     names = [path] + [_older(path, i) for i in range(1, keep)]
-    for i in range(len(names) - 1, 0, -1):
+    for i in range(len(names) - 1, 1, -1):
         if names[i - 1].is_file():
             os.replace(names[i - 1], names[i])
+    if keep > 1 and path.is_file():
+        _second_name(path, names[1])
+
+
+def _second_name(path, name):
+    # Atomically, so that ``name`` is the older checkpoint or the previous one, never half of
+    # it. A copy where the file system has no hard links.
+    with atomic_path(name) as tmp:
+        try:
+            os.link(path, tmp)
+        except OSError:
+            shutil.copyfile(path, tmp)
 
 
 def _older(path, i):

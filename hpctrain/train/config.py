@@ -11,6 +11,7 @@ The defaults train the digits MLP; ``configs/digits.toml`` spells them out.
 
 import dataclasses
 import json
+import math
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -266,12 +267,25 @@ def _check_value(f, value):
     meta, name = f.metadata, f.name
     if meta["choices"] and value not in meta["choices"]:
         raise UsageError(f"{name}: {value!r} is not one of {', '.join(meta['choices'])}")
+    # NaN compares false with every bound below, and inf passes a lower bound: either would
+    # reach the data split or the model builder and fail there with a traceback.
+    if f.type is float and not math.isfinite(value):
+        raise UsageError(f"{name} must be a finite number{_valid_range(meta)}, got {value}")
     if meta["minimum"] is not None and value < meta["minimum"]:
         raise UsageError(f"{name} must be >= {meta['minimum']}, got {value}")
     if meta["below"] is not None and value >= meta["below"]:
         raise UsageError(f"{name} must be < {meta['below']}, got {value}")
     if meta["positive"] and not value > 0:
         raise UsageError(f"{name} must be > 0, got {value}")
+
+
+def _valid_range(meta):
+    # The bounds of a number key, as " >= 0.0 and < 1.0"; "" when it has none.
+    bounds = [f">= {meta['minimum']}" if meta["minimum"] is not None else "",
+              f"< {meta['below']}" if meta["below"] is not None else "",
+              "> 0" if meta["positive"] else ""]
+    text = " and ".join(b for b in bounds if b)
+    return f" {text}" if text else ""
 
 
 def _toml_value(value):

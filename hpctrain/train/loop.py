@@ -26,6 +26,7 @@ waited for longer than ``stall_warning`` seconds and aborts the job after ``stal
 
 import dataclasses
 import math
+import os
 import random
 import sys
 import time
@@ -524,12 +525,29 @@ def _model_options(config):
     return f"--model {config['model']} --{size_key.replace('_', '-')} {config[size_key]}"
 
 
+#: Keys a resumed run must share with its checkpoint: they fix the data and its split, the
+#: order in which batches are drawn and what a saved sampler position means, and the
+#: optimizer whose state is restored (``load_state_dict`` would silently put the saved
+#: momentum and weight decay back; a new lr would change the schedule mid-run).
+RESUME_KEYS = ("data", "x", "y", "val_fraction", "split_seed", "seed", "batch_size",
+               "shuffle", "drop_last", "optimizer", "lr", "momentum", "weight_decay")
+
+
 def _check_checkpoint(saved, config, size, path):
     built, wanted = _model_options(saved["config"]), _model_options(config.to_dict())
     if built != wanted:
         raise UsageError(f"checkpoint {str(path)!r} holds a model built with {built}; this "
                          f"run builds {wanted}: resume with {built}, or start afresh "
                          f"without --resume")
+    differ = _resume_differences(saved["config"], config.to_dict())
+    if differ:
+        listed = ", ".join(f"{_option(k)} {saved['config'][k]} (this run: {v})"
+                           for k, v in differ.items())
+        same = " ".join(f"{_option(k)} {saved['config'][k]}" for k in differ)
+        raise UsageError(f"checkpoint {str(path)!r} was written with other settings than "
+                         f"this run's: {listed}; a resumed run must continue the same "
+                         f"training: resume with {same}, or start a new run (another "
+                         f"--run-dir, without --resume)")
     was_sharded, is_sharded = saved.get("regime") == "ps-sharded", config.regime == "ps-sharded"
     if was_sharded != is_sharded:
         raise UsageError(f"checkpoint {str(path)!r} was written by --regime "
@@ -542,6 +560,28 @@ def _check_checkpoint(saved, config, size, path):
         raise UsageError(f"checkpoint {str(path)!r} was written by {saved['world_size']} "
                          f"ranks mid-epoch or with a sharded optimizer: resume it on "
                          f"{saved['world_size']} ranks (this run has {size})")
+
+
+def _resume_differences(saved, wanted):
+    # {key: this run's value} for every RESUME_KEYS entry that differs from the checkpoint's;
+    # a key the checkpoint lacks is not compared, and Adam has no momentum to compare.
+    keys = [k for k in RESUME_KEYS if k in saved
+            and not (k == "momentum" and wanted["optimizer"] == saved["optimizer"] == "adam")]
+    return {k: wanted[k] for k in keys if not _same_setting(k, saved[k], wanted[k])}
+
+
+def _same_setting(key, saved, wanted):
+    if key == "data" and saved != wanted:
+        # The same file named another way (relative, through a link) is the same data.
+        try:
+            return os.path.samefile(saved, wanted)
+        except OSError:
+            return os.path.abspath(saved) == os.path.abspath(wanted)
+    return saved == wanted
+
+
+def _option(key):
+    return f"--{key.replace('_', '-')}"
 
 
 def make_sampler(config, num_rows, rank, size):

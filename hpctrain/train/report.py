@@ -58,18 +58,27 @@ class Progress:
             self.stream.flush()
 
 
-def progress_enabled(mode, rank, stream=None):
-    """Whether to draw the bar: rank 0 only; ``auto`` only when stdout is a terminal.
+#: Set to ``1`` by our local launcher (``python -m hpctrain.launch``, behind scripts/mpirun and
+#: scripts/run) for every rank when the launcher's own stdout is a terminal.
+PROGRESS_TTY = "HPCTRAIN_PROGRESS_TTY"
+
+
+def progress_enabled(mode, rank, stream=None, environ=None):
+    """Whether to draw the bar: rank 0 only; ``auto`` only when the output is a terminal.
 
     Open MPI's mpirun gives its ranks a pseudo-terminal as stdout even when its own output
-    goes to a file or a pipe, so a terminal seen under mpirun proves nothing: ``auto`` draws
-    no bar there (``--progress always`` does).
+    goes to a file or a pipe, so a terminal seen under mpirun proves nothing. Only the
+    launcher knows where the output ends: under mpirun, ``auto`` draws when it exported
+    ``HPCTRAIN_PROGRESS_TTY=1``, and draws no bar otherwise (``--progress always`` does).
     """
     if rank != 0 or mode == "never":
         return False
     if mode == "always":
         return True
-    return (stream or sys.stdout).isatty() and "OMPI_COMM_WORLD_SIZE" not in os.environ
+    environ = os.environ if environ is None else environ
+    if environ.get(PROGRESS_TTY) == "1":
+        return True
+    return (stream or sys.stdout).isatty() and "OMPI_COMM_WORLD_SIZE" not in environ
 
 
 def epoch_line(row, epochs):
