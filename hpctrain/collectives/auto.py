@@ -49,13 +49,14 @@ class Profile:
     @classmethod
     def from_dict(cls, data, source=""):
         """A profile from ``params.json``'s content; ``UsageError`` naming what is missing."""
+        from ..study import costmodel
+
         try:
-            params = data["fitted"]
-            if not any(params[k] > 0 for k in ("alpha", "beta", "gamma")):
-                params = data["p2p_prior"]   # a degenerate fit: fall back to ping-pong's
+            # A degenerate fit (no cost per byte) falls back to the ping-pong parameters.
+            params = costmodel.params_of(data)
             best = {int(p): tuple(sorted((int(size), str(algo)) for size, algo in rows))
                     for p, rows in data.get("measured_best", {}).items()}
-            return cls(float(params["alpha"]), float(params["beta"]), float(params["gamma"]),
+            return cls(params.alpha, params.beta, params.gamma,
                        int(data.get("switch_bytes", 64 << 10)), best, source)
         except (KeyError, TypeError, ValueError) as exc:
             raise UsageError(f"{source or 'profile'} is not an allreduce profile (the "

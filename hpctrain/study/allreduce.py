@@ -1,10 +1,13 @@
 """``hpctrain study allreduce``: sweep ranks × algorithms × sizes, fit the model, write a report.
 
 Steps: ping-pong at 2 ranks gives α and β; timing NumPy's in-place add gives γ; the allreduce
-benchmark runs once per rank count; α, β, γ are then also fitted by least squares to every
-measured allreduce. The report folder holds ``study.h5`` (every measurement and both parameter
-sets), ``params.json`` (the fitted model, reusable by ``study predict`` and training's
-``--allreduce auto``), PNG plots and ``summary.md``.
+benchmark runs once per rank count; α, β, γ are then also fitted by least squares to the
+measured allreduces (those with no more ranks than cores, where they determine all three).
+The report folder holds ``study.h5`` (every measurement and both parameter sets),
+``params.json`` (the fitted model, reusable by ``study predict`` and training's
+``--allreduce auto``), PNG plots and ``summary.md``. With ``--profile`` every rank count is
+benchmarked twice, so that auto's margin over the best fixed algorithm can be set against
+the noise: how far a ratio of two algorithms timed side by side moves between the runs.
 """
 
 import json
@@ -22,6 +25,8 @@ from .predict import prediction_table, prediction_markdown
 from .. import collectives
 from ..collectives import auto
 
+#: The smallest size a study sweeps: one element of the benchmark's float32.
+SMALLEST = 4
 QUICK = {"np": "2,3", "sizes": "8:1M", "factor": 16, "iters": 5, "warmup": 1}
 
 
@@ -32,37 +37,56 @@ def run(args):
             if getattr(args, key) is None:
                 setattr(args, key, value)
     ranks = rank_counts(args.np or "2,3,4", minimum=2)
-    low, high = _size_span(args.sizes or "8:64M")
     factor, iters, warmup = args.factor or 4, args.iters or 10, args.warmup or 2
+    low, high = _size_span(args.sizes or "8:64M", factor)
     os.makedirs(args.out, exist_ok=True)
     cores = os.cpu_count() or 1
     started = time.monotonic()
 
     say(f"p2p at 2 ranks ({args.launcher})")
-    p2p = _bench(args, 2, "p2p", "-b", low or 1, "-e", high, "-f", factor, "-n", iters * 5,
+    p2p = _bench(args, 2, "p2p", "-b", low, "-e", high, "-f", factor, "-n", iters * 5,
                  "-w", warmup)
     gamma = measure_gamma(high)
     prior = costmodel.Params(p2p["alpha_s"], p2p["beta_s_per_byte"], gamma)
-    rows = []
+    names = [a for a in (args.algos.split(",") if args.algos else collectives.available())
+             if a != "auto"]
+    runs = [names]
+    if args.profile:
+        # auto beside every fixed algorithm, twice, the second time in the reverse order.
+        runs = [[*names, "auto"], ["auto", *names[::-1]]]
+    rows, repeat = [], []
     for p in ranks:
-        say(f"allreduce at {p} ranks{' (oversubscribed)' if p > cores else ''}")
-        algos = ("--algos", args.algos) if args.algos else ()
-        if args.profile:
-            names = args.algos.split(",") if args.algos else collectives.available()
-            algos = ("--algos", ",".join([*names, "auto"]), "--profile", args.profile)
-        result = _bench(args, p, "allreduce", *algos, "-b", low, "-e", high, "-f", factor,
-                        "-n", iters, "-w", warmup)
-        rows += [{**row, "np": p, "oversubscribed": int(p > cores)} for row in result["rows"]]
+        for i, algos in enumerate(runs):
+            again = f", run {i + 1} of {len(runs)}" if len(runs) > 1 else ""
+            say(f"allreduce at {p} ranks{' (oversubscribed)' if p > cores else ''}{again}")
+            options = ("--profile", args.profile) if args.profile else ()
+            result = _bench(args, p, "allreduce", "--algos", ",".join(algos), *options,
+                            "-b", low, "-e", high, "-f", factor, "-n", iters, "-w", warmup)
+            (repeat if i else rows).extend({**row, "np": p, "oversubscribed": int(p > cores)}
+                                           for row in result["rows"])
     points = [(r["algo"], r["size"], r["np"], r["time_median_us"] * 1e-6) for r in rows]
-    fitted = costmodel.fit(points)
-    for row in rows:
+    fit_ranks = ranks_to_fit(points, cores)
+    fitted = costmodel.fit([pt for pt in points if pt[2] in fit_ranks])
+    for row in rows + repeat:
         row["model_us"] = (costmodel.predict(row["algo"], row["size"], row["np"], fitted) * 1e6
                            if row["algo"] in costmodel.MODELLED else float("nan"))
     scale = prediction_table(fitted)
-    write_outputs(args.out, p2p, rows, prior, fitted, scale, cores, ranks)
-    wrong = sum(max(r["wrong"], 0) for r in rows)
+    write_outputs(args.out, p2p, rows, repeat, prior, fitted, fit_ranks, scale, cores, ranks)
+    if repeat:
+        say(auto_verdict(auto_points(rows, repeat)))
+    wrong = sum(max(r["wrong"], 0) for r in rows + repeat)
     say(f"report in {args.out} ({time.monotonic() - started:.0f} s); wrong values: {wrong}")
     return 1 if wrong else 0
+
+
+def ranks_to_fit(points, cores):
+    """The rank counts whose points the fit uses: those with no more ranks than ``cores``
+    when their points determine α, β and γ, otherwise every rank count."""
+    ranks = sorted({p for _, _, p, _ in points})
+    inside = [p for p in ranks if p <= cores]
+    if costmodel.determined([pt for pt in points if pt[2] in inside]):
+        return inside
+    return ranks
 
 
 def measure_gamma(nbytes, repeats=5):
@@ -77,38 +101,44 @@ def measure_gamma(nbytes, repeats=5):
     return best / (count * 4)
 
 
-def write_outputs(out, p2p, rows, prior, fitted, scale, cores, ranks):
+def write_outputs(out, p2p, rows, repeat, prior, fitted, fit_ranks, scale, cores, ranks):
     """study.h5, params.json, the plots and summary.md."""
     env = report.environment()
     report.write_hdf5(os.path.join(out, "study.h5"), "allreduce", rows,
                       {"fitted": fitted.as_dict(), "p2p_prior": prior.as_dict(),
-                       "cores": cores, "environment": env})
-    _add_tables(os.path.join(out, "study.h5"), p2p["rows"], scale)
+                       "fit_ranks": fit_ranks, "cores": cores, "environment": env})
+    _add_tables(os.path.join(out, "study.h5"), p2p["rows"], scale, repeat)
     report.write_json(os.path.join(out, "params.json"),
                       {"fitted": fitted.as_dict(), "p2p_prior": prior.as_dict(),
+                       "fit_ranks": fit_ranks,
                        "switch_bytes": costmodel.DEFAULT_SWITCH_BYTES, "cores": cores,
                        "measured_best": auto.measured_best(rows)})
     for p in ranks:
         plots.busbw_vs_size(rows, p, os.path.join(out, f"busbw_p{p}.png"), cores)
     sizes = sorted({r["size"] for r in rows if r["size"] > 0})
     for size in {sizes[0], sizes[len(sizes) // 2], sizes[-1]}:
-        plots.time_vs_ranks(rows, size, fitted, os.path.join(out, f"time_vs_p_{size}B.png"))
-    plots.prediction(scale, os.path.join(out, "prediction.png"),
-                     "predicted allreduce busbw at scale (fitted α, β, γ)")
+        plots.time_vs_ranks(rows, size, fitted, os.path.join(out, f"time_vs_p_{size}B.png"),
+                            cores)
+    title = "predicted allreduce {} at scale (fitted α, β, γ)"
+    plots.prediction(scale, os.path.join(out, "prediction.png"), title.format("busbw"))
+    plots.prediction(scale, os.path.join(out, "prediction_time.png"), title.format("time"),
+                     "time_us")
     with open(os.path.join(out, "summary.md"), "w") as f:
-        f.write(summary(rows, prior, fitted, scale, cores, env))
+        f.write(summary(rows, repeat, prior, fitted, fit_ranks, scale, cores, env))
 
 
-def _add_tables(path, p2p_rows, scale):
+def _add_tables(path, p2p_rows, scale, repeat):
     import h5py
 
     with h5py.File(path, "a") as f:
         f.create_dataset("p2p", data=report._structured(p2p_rows))
         f.create_dataset("prediction", data=report._structured(scale))
+        if repeat:
+            f.create_dataset("allreduce_repeat", data=report._structured(repeat))
 
 
-def summary(rows, prior, fitted, scale, cores, env):
-    """The report's markdown: set-up, parameters, model error, crossovers, prediction."""
+def summary(rows, repeat, prior, fitted, fit_ranks, scale, cores, env):
+    """The report's markdown: set-up, parameters, model error, crossovers, auto, prediction."""
     lines = ["# Allreduce scaling study", "",
              *machine_lines(cores, env, sorted({r["np"] for r in rows})), "",
              "## Model parameters", "",
@@ -117,100 +147,211 @@ def summary(rows, prior, fitted, scale, cores, env):
         inverse = f"{1 / params.beta / 1e9:.2f}" if params.beta > 0 else "∞"
         lines.append(f"| {name} | {params.alpha * 1e6:.2f} | {params.beta * 1e9:.4f} | "
                      f"{inverse} | {params.gamma * 1e9:.4f} |")
-    lines += ["", "## Model error on every measured point (fitted parameters)", "",
-              _error_summary(rows, prior, fitted), "", _point_table(rows), "",
-              "## Crossovers: the size from which the ring beats tree and butterfly", "",
-              _crossovers(rows, fitted), ""]
+    lines += ["", fit_note(rows, fit_ranks, cores), "",
+              "## Model error on every measured point (fitted parameters)", "",
+              _error_summary(rows, prior, fitted, fit_ranks), "", _point_table(rows, fit_ranks),
+              "", "## Crossovers: the size from which on the ring is never slower than tree "
+              "and butterfly", "", _crossovers(rows, fitted), ""]
     if any(r["algo"] == "auto" for r in rows):
         lines += ["## `--allreduce auto` against the best fixed algorithm", "",
-                  _auto_table(rows), ""]
+                  _auto_table(rows, repeat), ""]
     lines += ["## Prediction at scale (fitted parameters)", "", prediction_markdown(scale), ""]
     return "\n".join(lines)
 
 
-def _auto_table(rows):
-    """auto's median time against the fastest fixed algorithm's at every measured point."""
-    points = {}
-    for r in rows:
-        points.setdefault((r["np"], r["size"]), {})[r["algo"]] = r
-    lines = ["| p | size | auto chose | auto (µs) | best fixed | best (µs) | auto / best |",
-             "|---|---|---|---|---|---|---|"]
-    ratios = []
-    for (p, size), by_algo in sorted(points.items()):
-        mine = by_algo.get("auto")
-        fixed = [r for a, r in by_algo.items() if a not in ("auto", "horovod")]
-        if mine is None or not fixed or size <= 0:
-            continue
-        best = min(fixed, key=lambda r: r["time_median_us"])
-        ratio = mine["time_median_us"] / best["time_median_us"]
-        ratios.append(ratio)
-        lines.append(f"| {p} | {format_size(size)} | {mine.get('chose', '?')} | "
-                     f"{mine['time_median_us']:.1f} | {best['algo']} | "
-                     f"{best['time_median_us']:.1f} | {ratio:.2f} |")
-    if ratios:
-        lines += ["", f"auto / best fixed: median {np.median(ratios):.2f}, worst "
-                      f"{max(ratios):.2f} over {len(ratios)} points (1.00: auto ran the "
-                      "fastest; the same algorithm timed twice differs by the noise)."]
-    return "\n".join(lines)
+def fit_note(rows, fit_ranks, cores):
+    """Which points α, β, γ were fitted to, and why."""
+    modelled = [r for r in rows if r["algo"] in costmodel.MODELLED and r["algo"] != "mpi"]
+    used = sum(r["np"] in fit_ranks for r in modelled)
+    over = sorted({r["np"] for r in rows if r["np"] > cores})
+    ranks = ", ".join(map(str, fit_ranks))
+    if not any(p > cores for p in fit_ranks):
+        left = f"; the oversubscribed points (p = {', '.join(map(str, over))}, marked *) " \
+               "are left out of the fit, and their errors are shown apart" if over else ""
+        return f"Fitted to the {used} measured points at p = {ranks}, none oversubscribed{left}."
+    return (f"Fitted to all {used} measured points at p = {ranks}, oversubscribed ones (*) "
+            f"included: the points with at most {cores} ranks do not determine α, β and γ.")
 
 
-def _error_summary(rows, prior, fitted):
-    lines = ["| algorithm | median abs. error (fitted) | max abs. error (fitted) | "
-             "median abs. error (p2p prior) |", "|---|---|---|---|"]
+def _error_summary(rows, prior, fitted, fit_ranks):
+    lines = ["| algorithm | median abs. error, fitted points | max abs. error, fitted points | "
+             "median abs. error, other points | median abs. error, p2p prior (all) |",
+             "|---|---|---|---|---|"]
     for algo in sorted({r["algo"] for r in rows if r["algo"] in costmodel.MODELLED}):
         mine = [(r["algo"], r["size"], r["np"], r["time_median_us"] * 1e-6) for r in rows
                 if r["algo"] == algo]
-        err_fit = np.abs(costmodel.relative_errors(mine, fitted))
+        inside = np.abs(costmodel.relative_errors([m for m in mine if m[2] in fit_ranks],
+                                                  fitted))
+        others = np.abs(costmodel.relative_errors([m for m in mine if m[2] not in fit_ranks],
+                                                  fitted))
         err_prior = np.abs(costmodel.relative_errors(mine, prior))
-        if len(err_fit):
-            lines.append(f"| {algo} | {np.median(err_fit):.0%} | {err_fit.max():.0%} | "
-                         f"{np.median(err_prior):.0%} |")
+        if len(err_prior):
+            lines.append(f"| {algo} | {_percent(np.median, inside)} | {_percent(np.max, inside)}"
+                         f" | {_percent(np.median, others)} | {np.median(err_prior):.0%} |")
     return "\n".join(lines)
 
 
-def _point_table(rows):
-    lines = ["| p | size | algo | measured median (µs) | model (µs) | error |",
-             "|---|---|---|---|---|---|"]
+def _percent(statistic, values):
+    return f"{statistic(values):.0%}" if len(values) else "n/a"
+
+
+def _point_table(rows, fit_ranks):
+    lines = ["| p | size | algo | measured median (µs) | model (µs) | error | in fit |",
+             "|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (r["np"], r["size"], r["algo"])):
         star = "*" if r["oversubscribed"] else ""
         model = r["model_us"]
         error = f"{(model - r['time_median_us']) / r['time_median_us']:+.0%}" \
             if np.isfinite(model) and r["time_median_us"] > 0 else "n/a"
         shown = f"{model:.1f}" if np.isfinite(model) else "n/a"
+        fitted = "yes" if r["np"] in fit_ranks and r["algo"] in costmodel.MODELLED \
+            and r["algo"] != "mpi" else "no"
         lines.append(f"| {r['np']}{star} | {format_size(r['size'])} | {r['algo']} | "
-                     f"{r['time_median_us']:.1f} | {shown} | {error} |")
+                     f"{r['time_median_us']:.1f} | {shown} | {error} | {fitted} |")
     return "\n".join(lines)
 
 
 def _crossovers(rows, fitted):
-    lines = ["| p | vs | predicted | measured |", "|---|---|---|---|"]
+    lines = ["Predicted at the measured sizes (like for like with the measurement) and at every "
+             "power of two in between.", "",
+             "| p | vs | predicted | predicted, every power of two | measured |",
+             "|---|---|---|---|---|"]
+    algos = {r["algo"] for r in rows}
     for p in sorted({r["np"] for r in rows if r["np"] > 1}):
         for other in ("tree", "butterfly"):
-            if not {other, "ring"} <= {r["algo"] for r in rows}:
+            if not {other, "ring"} <= algos:
                 continue
-            predicted = costmodel.crossover(other, p, fitted)
-            measured = measured_crossover(rows, p, other)
-            lines.append(f"| {p} | {other} | {_size_or_none(predicted)} | "
-                         f"{_size_or_none(measured)} |")
+            sizes, wins = measured_ring_wins(rows, p, other)
+            fine = costmodel.powers_of_two(sizes[0], sizes[-1]) if sizes else []
+            lines.append(
+                f"| {p} | {other} | "
+                f"{describe_crossover(sizes, costmodel.ring_wins(other, p, fitted, sizes))} | "
+                f"{describe_crossover(fine, costmodel.ring_wins(other, p, fitted, fine))} | "
+                f"{describe_crossover(sizes, wins)} |")
     return "\n".join(lines)
 
 
-def measured_crossover(rows, ranks, other):
-    """Smallest measured size from which the ring is never slower than ``other`` again."""
+def measured_ring_wins(rows, ranks, other):
+    """``(sizes, wins)``: the sizes at which both the ring and ``other`` were measured at
+    ``ranks`` ranks, and whether the ring's median was at most ``other``'s there."""
     times = {}
     for r in rows:
         if r["np"] == ranks and r["algo"] in ("ring", other) and r["size"] > 0:
             times.setdefault(r["size"], {})[r["algo"]] = r["time_median_us"]
     sizes = sorted(s for s, t in times.items() if len(t) == 2)
-    ring_wins = [times[s]["ring"] <= times[s][other] for s in sizes]
-    for i, size in enumerate(sizes):
-        if all(ring_wins[i:]):
-            return None if i == 0 else size
-    return None
+    return sizes, [times[s]["ring"] <= times[s][other] for s in sizes]
 
 
-def _size_or_none(size):
-    return format_size(size) if size else "none in range"
+def measured_crossover(rows, ranks, other):
+    """The measured size from which on the ring is never slower than ``other``
+    (:func:`costmodel.crossover_size`, the rule of the predicted crossover)."""
+    return costmodel.crossover_size(*measured_ring_wins(rows, ranks, other))
+
+
+def describe_crossover(sizes, wins):
+    """A crossover in words: ``from 2 KiB``, or why there is none in range."""
+    size = costmodel.crossover_size(sizes, wins)
+    if not sizes:
+        return "not measured"
+    if all(wins):
+        return f"ring always wins in range ({format_size(sizes[0])}+)"
+    if not any(wins):
+        return "ring never wins in range"
+    if size is None:
+        return "none: ring wins only below the largest size"
+    return f"from {format_size(size)}"
+
+
+def auto_points(rows, repeat):
+    """auto against the best fixed algorithm at every (p, size) where auto ran, with the
+    noise there: a list of dicts, in order of p and size.
+
+    Only ratios measured side by side in one run count (the load drifts between runs):
+    ``ratio`` is the geometric mean over the runs of auto's time over the best fixed
+    algorithm's, the best being the fixed algorithm that auto can choose (not Horovod) with
+    the smallest such mean. ``noise`` is how far such a ratio moves from one run to the
+    other: the median, over the other fixed algorithms, of ``max / min - 1`` of their two
+    ratios to the best; NaN with one run or one fixed algorithm.
+    """
+    tables = [{}, {}]
+    for table, source in zip(tables, (rows, repeat)):
+        for r in source:
+            if r["size"] > 0:
+                table.setdefault((r["np"], r["size"]), {})[r["algo"]] = r["time_median_us"]
+    points = []
+    for key, first in sorted(tables[0].items()):
+        fixed = [a for a in first if a != "auto" and a not in auto.NOT_CHOSEN]
+        if "auto" not in first or not fixed:
+            continue
+        second = tables[1].get(key, {})
+        runs = [first] + ([second] if set(first) <= set(second) else [])
+        best = min(fixed, key=lambda a: _mean_ratio(runs, a, "auto"))
+        spread = [max(r) / min(r) - 1 for r in
+                  ([run[a] / run[best] for run in runs] for a in fixed if a != best)
+                  if len(r) == 2]
+        points.append({"np": key[0], "size": key[1],
+                       "chose": _chosen(rows, key),
+                       "auto_us": float(np.mean([run["auto"] for run in runs])),
+                       "best": best, "best_us": float(np.mean([run[best] for run in runs])),
+                       "ratio": _mean_ratio(runs, "auto", best),
+                       "noise": float(np.median(spread)) if spread else float("nan")})
+    return points
+
+
+def _mean_ratio(runs, algo, other):
+    return float(np.exp(np.mean([np.log(run[algo] / run[other]) for run in runs])))
+
+
+def _chosen(rows, key):
+    return next((r.get("chose", "?") for r in rows
+                 if (r["np"], r["size"]) == key and r["algo"] == "auto"), "?")
+
+
+def within_noise(point):
+    """auto is no slower than the best fixed algorithm by more than the point's noise."""
+    return point["ratio"] - 1 <= point["noise"]
+
+
+def auto_verdict(points):
+    """The one-line verdict: is auto ever slower than the best fixed choice beyond noise?"""
+    if not points:
+        return "Verdict: auto was not measured."
+    if any(not np.isfinite(p["noise"]) for p in points):
+        return ("Verdict: none, the noise is unknown (it takes two runs and two fixed "
+                "algorithms at every point, as `study allreduce --profile` measures them).")
+    slower = [p for p in points if not within_noise(p)]
+    worst = max(points, key=lambda p: p["ratio"] - 1 - p["noise"])
+    if not slower:
+        return (f"Verdict: auto is never slower than the best fixed choice beyond noise "
+                f"({len(points)} points; closest: p = {worst['np']}, "
+                f"{format_size(worst['size'])}, auto / best {worst['ratio']:.2f} against "
+                f"noise {worst['noise']:.0%}).")
+    named = ", ".join(f"p = {p['np']} {format_size(p['size'])} ({p['ratio']:.2f} > "
+                      f"1 + {p['noise']:.2f})" for p in slower)
+    return (f"Verdict: auto is slower than the best fixed choice beyond noise at "
+            f"{len(slower)} of {len(points)} points: {named}.")
+
+
+def _auto_table(rows, repeat):
+    """auto's time against the fastest fixed algorithm's at every measured point."""
+    points = auto_points(rows, repeat)
+    lines = ["| p | size | auto chose | auto (µs) | best fixed | best (µs) | auto / best | "
+             "noise | verdict |", "|---|---|---|---|---|---|---|---|---|"]
+    for pt in points:
+        verdict = "n/a" if not np.isfinite(pt["noise"]) else \
+            "within noise" if within_noise(pt) else "SLOWER"
+        lines.append(f"| {pt['np']} | {format_size(pt['size'])} | {pt['chose']} | "
+                     f"{pt['auto_us']:.1f} | {pt['best']} | {pt['best_us']:.1f} | "
+                     f"{pt['ratio']:.2f} | {pt['noise']:.0%} | {verdict} |")
+    if points:
+        ratios = [pt["ratio"] for pt in points]
+        lines += ["", f"auto / best fixed: median {np.median(ratios):.2f}, worst "
+                      f"{max(ratios):.2f} over {len(ratios)} points. Times: the mean of the two "
+                      "runs; auto / best: the geometric mean of the two runs' ratios, each "
+                      "measured side by side; noise: how far the other fixed algorithms' "
+                      "ratios to the best moved between the runs (median).", "",
+                  auto_verdict(points)]
+    return "\n".join(lines)
 
 
 def _bench(args, ranks, kind, *options):
@@ -222,11 +363,19 @@ def _bench(args, ranks, kind, *options):
             return json.load(f)
 
 
-def _size_span(text):
-    from ..bench.sizes import parse_size
+def _size_span(text, factor):
+    from ..bench.sizes import parse_size, size_range
     from ..errors import UsageError
 
     low, sep, high = text.partition(":")
     if not sep:
         raise UsageError(f"--sizes takes MIN:MAX like 8:64M, got {text!r}")
-    return parse_size(low), parse_size(high)
+    low, high = parse_size(low), parse_size(high)
+    if low < SMALLEST:
+        # From 0 the sizes never grow (0 times any factor is 0), and below one float32
+        # element the benchmark reduces 0 bytes: nothing to fit or plot. Refused here,
+        # before any job is launched.
+        raise UsageError(f"--sizes minimum must be at least {SMALLEST} bytes (one float32 "
+                         f"element), got {text!r}; e.g. 8:64M")
+    size_range(low, high, factor)   # the benchmarks' own checks, before any launch
+    return low, high

@@ -3,6 +3,8 @@
 import argparse
 import os
 
+from .. import faults
+
 TRAIN_DESCRIPTION = """\
 Training throughput under WEAK scaling: the batch per rank stays fixed while the ranks grow
 (global batch = batch x p). For every --np and every --allreduce name, one MPI job trains the
@@ -40,7 +42,8 @@ def add_parser(subparsers):
     allreduce.add_argument("--profile", metavar="PARAMS_JSON",
                            help="also time --allreduce auto with this profile (an earlier "
                                 "study's params.json) and compare it with the best fixed "
-                                "algorithm at every point")
+                                "algorithm at every point; every rank count is then run "
+                                "twice, to measure the noise")
     _add_launch_options(allreduce, os.path.join("runs", "study-allreduce"))
     allreduce.set_defaults(func=_run_allreduce)
 
@@ -102,6 +105,7 @@ def _add_launch_options(parser, out):
 
 def _run_allreduce(args):
     _single_process()
+    faults.inject("study.start", 0)
     from . import allreduce
 
     return allreduce.run(args)
@@ -109,12 +113,14 @@ def _run_allreduce(args):
 
 def _run_train(args):
     _single_process()
+    faults.inject("study.start", 0)
     from . import train
 
     return train.run(args)
 
 
 def _run_predict(args):
+    faults.inject("study.start", 0)
     from . import predict
 
     return predict.run(args)

@@ -23,6 +23,11 @@ ps (k servers)     2(p-1)                  2n(p-1)/k            n(p-1)/k
 
 ``ps`` is ``ps-sharded`` with k = 1: the server's link carries every contribution in and
 every result out, 2(p-1)·n/b, where the ring's links carry 2(p-1)/p·n/b whatever p is.
+``ps-sharded`` moves its bytes in two rounds, but in each round a rank sends (and a server
+receives) p-1 messages. They are posted at once (non-blocking), so their time on the wire
+overlaps; the work of sending and receiving each one, most of α on one host and much of it
+on a NIC, does not. As in every formula here, a counts the messages a rank handles one after
+the other: 2(p-1), an upper bound where the wire's latency dominates α (2α is the lower one).
 ``mpi`` is modelled as the better of ring and butterfly (what a tuned library picks); Horovod
 adds a negotiation cycle of about 1 ms that this model does not have, so it is not modelled.
 """
@@ -95,11 +100,7 @@ def fit(points, **options):
     alike; non-negative by trying every subset of free parameters and keeping the best
     feasible solution (exact non-negative least squares for three unknowns).
     """
-    rows, times = [], []
-    for algo, nbytes, ranks, seconds in points:
-        if algo in MODELLED and algo != "mpi" and ranks > 1 and seconds > 0:
-            rows.append(coefficients(algo, nbytes, ranks, **options))
-            times.append(seconds)
+    rows, times = _design(points, **options)
     if len(rows) < 3:
         raise ValueError(f"need at least 3 measured multi-rank points to fit, got {len(rows)}")
     design = np.array(rows) / np.array(times)[:, None]
@@ -115,23 +116,76 @@ def fit(points, **options):
     return Params(*map(float, best))
 
 
+def determined(points, **options):
+    """True if ``points`` fix all three of α, β, γ (their coefficients have rank 3)."""
+    rows, _ = _design(points, **options)
+    if len(rows) < 3:
+        return False
+    design = np.array(rows)
+    scale = np.linalg.norm(design, axis=0)   # α's and β's columns differ by 1e8: compare shapes
+    return bool((scale > 0).all()) and np.linalg.matrix_rank(design / scale) == 3
+
+
+def _design(points, **options):
+    # mpi is the better of two formulas, not one linear row: it is predicted, never fitted.
+    rows, times = [], []
+    for algo, nbytes, ranks, seconds in points:
+        if algo in MODELLED and algo != "mpi" and ranks > 1 and seconds > 0:
+            rows.append(coefficients(algo, nbytes, ranks, **options))
+            times.append(seconds)
+    return rows, times
+
+
 def relative_errors(points, params, **options):
     """(predicted - measured) / measured for every modelled point, in order."""
     return [(predict(algo, n, p, params, **options) - t) / t
             for algo, n, p, t in points if algo in MODELLED and p > 1 and t > 0]
 
 
-def crossover(algo, ranks, params, max_bytes=1 << 30, **options):
-    """Smallest power-of-two size at which the ring is at least as fast as ``algo``.
+def powers_of_two(low=8, high=1 << 30):
+    """Every power of two from ``low`` (rounded up) to ``high`` bytes."""
+    return [1 << k for k in range((max(low, 1) - 1).bit_length(), high.bit_length())]
 
-    ``None`` if the ring is faster from the start (no crossover) or never up to ``max_bytes``.
+
+def ring_wins(algo, ranks, params, sizes, **options):
+    """For each of ``sizes``: is the ring predicted at least as fast as ``algo``?"""
+    return [predict("ring", n, ranks, params, **options) <=
+            predict(algo, n, ranks, params, **options) for n in sizes]
+
+
+def crossover_size(sizes, wins):
+    """The smallest of the ascending ``sizes`` from which on the ring is never slower.
+
+    ``wins[i]``: the ring is at least as fast at ``sizes[i]``. ``sizes[0]`` when the ring
+    wins everywhere in range; ``None`` when it loses at the largest size (whether or not it
+    won somewhere below). The one rule for predicted and measured crossovers.
     """
-    sizes = [1 << k for k in range(3, int(math.log2(max_bytes)) + 1)]
-    ring_wins = [predict("ring", n, ranks, params, **options) <=
-                 predict(algo, n, ranks, params, **options) for n in sizes]
-    if ring_wins[0] or not any(ring_wins):
-        return None
-    return sizes[ring_wins.index(True)]
+    start = len(wins)
+    while start > 0 and wins[start - 1]:
+        start -= 1
+    return sizes[start] if start < len(sizes) else None
+
+
+def crossover(algo, ranks, params, sizes=None, **options):
+    """The size from which on the ring is predicted never slower than ``algo``.
+
+    Over ``sizes`` (default: the powers of two from 8 B to 1 GiB), by :func:`crossover_size`.
+    """
+    sizes = powers_of_two() if sizes is None else sorted(sizes)
+    return crossover_size(sizes, ring_wins(algo, ranks, params, sizes, **options))
+
+
+def params_of(profile):
+    """The ``Params`` of a study's ``params.json`` content: the fitted ones, or the ping-pong
+    ones (``p2p_prior``) where the fit is degenerate, with no cost per byte (every size
+    would take the same time)."""
+    chosen = profile["p2p_prior"] if degenerate(profile) else profile["fitted"]
+    return Params(float(chosen["alpha"]), float(chosen["beta"]), float(chosen["gamma"]))
+
+
+def degenerate(profile):
+    """True where :func:`params_of` falls back to the ping-pong parameters."""
+    return profile["fitted"]["beta"] <= 0 and profile["fitted"]["gamma"] <= 0
 
 
 def busbw(nbytes, ranks, seconds):

@@ -1,9 +1,9 @@
 """Predicted allreduce time and bus bandwidth at scales this machine does not have.
 
 ``hpctrain study predict --alpha 1.5us --link 100gbit --gamma-rate 20GB/s`` (or
-``--params report/params.json``) prints a table and writes a plot for p up to 4096 and n up
-to 1 GiB. It shows, among other things, the parameter server's time growing as 2(p-1)·n/b
-while the ring's stays near 2(p-1)/p·n/b ≈ 2n/b.
+``--params report/params.json``) prints tables of time and busbw and draws both for p up to
+4096 and n up to 1 GiB. They show, among other things, the parameter server's time growing
+as 2(p-1)·n/b while the ring's stays near 2(p-1)/p·n/b ≈ 2n/b.
 """
 
 import json
@@ -29,32 +29,54 @@ def prediction_table(params, ranks=RANKS, sizes=SIZES, algos=costmodel.MODELLED)
 
 
 def prediction_markdown(rows):
-    """A markdown table: predicted time per algorithm, for a few p and every size."""
+    """Markdown: predicted time, then busbw, per algorithm for a few p and every size, and
+    how much ps and the ring slow down from the fewest ranks to the most at the largest size.
+    """
     algos = sorted({r["algo"] for r in rows})
     index = {(r["np"], r["size"], r["algo"]): r for r in rows}
-    lines = ["| p | size | " + " | ".join(f"{a} (µs)" for a in algos) + " | fastest |",
-             "|---|---|" + "---|" * (len(algos) + 1)]
-    for p in sorted({r["np"] for r in rows}):
-        if p not in SHOWN_RANKS:
-            continue
-        for size in sorted({r["size"] for r in rows}):
-            times = {a: index[(p, size, a)]["time_us"] for a in algos}
-            fastest = min((a for a in algos if a != "mpi"), key=times.get)
-            lines.append(f"| {p} | {_human(size)} | " +
-                         " | ".join(f"{times[a]:.4g}" for a in algos) + f" | {fastest} |")
-    return "\n".join(lines)
+    ranks = [p for p in sorted({r["np"] for r in rows}) if p in SHOWN_RANKS]
+    sizes = sorted({r["size"] for r in rows})
+    lines = []
+    for key, unit, fmt in (("time_us", "µs", ".4g"), ("busbw_GBps", "GB/s", ".3g")):
+        lines += [f"{'Time' if key == 'time_us' else 'Bus bandwidth'} ({unit}):", "",
+                  "| p | size | " + " | ".join(algos) + " | fastest |",
+                  "|---|---|" + "---|" * (len(algos) + 1)]
+        for p in ranks:
+            for size in sizes:
+                times = {a: index[(p, size, a)]["time_us"] for a in algos}
+                fastest = min((a for a in algos if a != "mpi"), key=times.get)
+                lines.append(f"| {p} | {_human(size)} | " + " | ".join(
+                    f"{index[(p, size, a)][key]:{fmt}}" for a in algos) + f" | {fastest} |")
+        lines.append("")
+    return "\n".join(lines + [growth_line(rows)])
+
+
+def growth_line(rows):
+    """ps against the ring at the largest size: how much slower at the most ranks than at
+    the fewest (2(p-1)·n/b grows with p; 2(p-1)/p·n/b stays below 2n/b)."""
+    size, low, high = max(r["size"] for r in rows), min(r["np"] for r in rows), \
+        max(r["np"] for r in rows)
+    time = {(r["np"], r["algo"]): r["time_us"] for r in rows if r["size"] == size}
+    parts = [f"{algo} ×{time[(high, algo)] / time[(low, algo)]:.4g}"
+             for algo in ("ps", "ring") if (low, algo) in time and time[(low, algo)] > 0]
+    return (f"From p = {low} to p = {high} at {_human(size)}: " + ", ".join(parts) +
+            f" (ps: 2(p-1)·n/b, ×{(high - 1) / (low - 1):.4g} in its bytes; ring: "
+            f"2(p-1)/p·n/b, ×{(high - 1) / high * low / (low - 1):.3g}).")
 
 
 def run(args):
-    """``study predict``: the table on stdout, ``prediction.png`` and ``prediction.md``."""
-    params = load_params(args)
+    """``study predict``: the tables on stdout, ``prediction.png`` (busbw),
+    ``prediction_time.png`` and ``prediction.md``."""
+    params, note = load_params(args)
     rows = prediction_table(params)
     os.makedirs(args.out, exist_ok=True)
     table = prediction_markdown(rows)
     title = (f"α = {params.alpha * 1e6:.3g} µs, 1/β = {1 / params.beta / 1e9:.3g} GB/s, "
              f"1/γ = {1 / params.gamma / 1e9:.3g} GB/s" if params.beta and params.gamma
              else f"α = {params.alpha * 1e6:.3g} µs")
+    title += note
     plots.prediction(rows, os.path.join(args.out, "prediction.png"), title)
+    plots.prediction(rows, os.path.join(args.out, "prediction_time.png"), title, "time_us")
     with open(os.path.join(args.out, "prediction.md"), "w") as f:
         f.write(f"# Predicted allreduce times\n\n{title}\n\n{table}\n")
     print(title)
@@ -63,12 +85,21 @@ def run(args):
 
 
 def load_params(args):
-    """Parameters from ``--params FILE`` (a study's params.json) or from the link options."""
+    """``(Params, note)`` from ``--params FILE`` (a study's params.json) or from the link
+    options; the note says when a degenerate fit gave way to the ping-pong parameters, as
+    ``--allreduce auto`` does."""
     from ..errors import UsageError
 
     if args.params:
-        with open(args.params) as f:
-            return costmodel.Params(**json.load(f)["fitted"])
+        try:
+            with open(args.params) as f:
+                profile = json.load(f)
+            params = costmodel.params_of(profile)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise UsageError(f"--params {args.params}: not a study's params.json ({exc!r})") \
+                from None
+        return params, (" (p2p prior: the fit had no cost per byte)"
+                        if costmodel.degenerate(profile) else "")
     if not args.link:
         raise UsageError("give --params FILE (from a study) or --link RATE, e.g. "
                          "--link 100gbit --alpha 1.5us")
@@ -77,7 +108,7 @@ def load_params(args):
         gamma = 1 / costmodel.parse_rate(args.gamma_rate)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    return costmodel.Params(_seconds(args.alpha), beta, gamma)
+    return costmodel.Params(_seconds(args.alpha), beta, gamma), ""
 
 
 def _seconds(text):
