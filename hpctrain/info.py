@@ -9,6 +9,7 @@ import platform
 import socket
 
 from . import __version__, faults, mpi_support
+from .devices import node_local_rank
 
 PACKAGES = ("torch", "mpi4py", "numpy", "h5py", "horovod")
 
@@ -53,12 +54,8 @@ def versions():
 
 
 def describe_rank(comm):
-    """This rank's host, PID, node-local rank, GPU and library versions."""
-    from mpi4py import MPI
-
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
-    local_rank = local.Get_rank()
-    local.Free()
+    """This rank's host, PID, node-local rank, GPU and library versions (collective)."""
+    local_rank = node_local_rank(comm)
     return {"rank": comm.rank, "host": socket.gethostname(), "pid": os.getpid(),
             "local_rank": local_rank, "gpu": gpu_for(local_rank), "versions": versions()}
 

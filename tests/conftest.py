@@ -12,6 +12,7 @@ Two kinds of tests live here:
 """
 
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -60,32 +61,65 @@ class Launch:
 def launch(np, command, *, timeout, env=None):
     """Run ``command`` on ``np`` local ranks; raise ``MpirunHung`` if it outlives ``timeout``."""
     argv = mpirun_command(np, [str(c) for c in command])
-    full_env = {**launch_environment(), **(env or {})}
+    return run_bounded(argv, timeout=timeout, env={**launch_environment(), **(env or {})})
+
+
+def run_bounded(argv, *, timeout, env=None):
+    """Run ``argv`` (a launcher: mpirun, scripts/vcluster mpirun, ...) from the project root,
+    stdout and stderr together, and return its ``Launch``. If it outlives ``timeout`` it is
+    killed with everything it started and ``MpirunHung`` is raised with its output."""
+    argv = [str(a) for a in argv]
     start = time.monotonic()
     # A session of its own, so that a hung launch can be killed with everything it started.
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=full_env, start_new_session=True, cwd=REPO)
+                            env=env, start_new_session=True, cwd=REPO)
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        output = _kill(proc)
+        output = kill_launch(proc)
         raise MpirunHung(f"launch hung: `{shlex.join(argv)}` did not finish within {timeout} s "
                          f"and was killed. Its output:\n{output[-4000:]}") from None
     return Launch(argv, proc.returncode, output, time.monotonic() - start, time.time())
 
 
-def _kill(proc):
-    # mpirun forwards SIGTERM to its ranks; the group kill catches anything it missed.
+def kill_launch(proc):
+    """End the launch ``proc`` (started in a session of its own) and everything it started;
+    return the rest of its output."""
+    # mpirun forwards SIGTERM to its ranks and has its daemons on other hosts end theirs.
+    # Then SIGKILL for what is left: the process group, and every other process of the
+    # session, for Open MPI gives each local rank a process group of its own, and those of a
+    # SIGKILLed mpirun live on (subprocess.run's timeout kills the child alone, leaving them).
     for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
             pass
+        if sig == signal.SIGKILL:
+            _kill_session(proc.pid)
         try:
             return proc.communicate(timeout=grace)[0] or ""
         except subprocess.TimeoutExpired:
             continue
     return ""
+
+
+def _kill_session(session):
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # Fields after the command name, which may hold spaces: state ppid pgrp session.
+            fields = stat.read_text().rpartition(")")[2].split()
+            if int(fields[3]) == session:
+                os.kill(int(stat.parent.name), signal.SIGKILL)
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+
+
+def seconds_after_fault(run):
+    """Seconds from the (first) fault injected by ``HPCTRAIN_FAULT`` (which prints its time,
+    ``t=...``) to the end of the ``Launch``: the job's reaction, without its start-up."""
+    fired = re.search(r"\[hpctrain\] fault .* fires on rank \d+: .* \(t=([\d.]+)\)", run.output)
+    assert fired, run.output
+    return run.ended - float(fired.group(1))
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """The launch files users copy: Slurm batch scripts and the Kubernetes MPIJob."""
 
+import os
 import re
 import shutil
 import subprocess
@@ -16,6 +17,20 @@ def sbatch_options(script):
     return dict(re.findall(r"^#SBATCH --([\w-]+)=?(\S*)", script.read_text(), re.M))
 
 
+def repeated_counts(options):
+    """What a header says twice: counts that another count already fixes, so that a user who
+    edits one must find and edit the other (empty when every count is written once)."""
+    repeated = []
+    if "ntasks" in options and "ntasks-per-node" in options:
+        repeated.append("--ntasks repeats --nodes x --ntasks-per-node")
+    gpus = [f"--{key}" for key in ("gpus-per-node", "gpus", "ntasks-per-gpu") if key in options]
+    gpus += ["--gres"] if "gpu" in options.get("gres", "") else []
+    if gpus and ("ntasks-per-node" in options or "ntasks" in options):
+        repeated.append(f"{gpus[0]} repeats the task count: one rank per GPU is "
+                        f"--gpus-per-task=1 beside the task count")
+    return repeated
+
+
 @pytest.mark.parametrize("script", sorted(JOBS.glob("*.sbatch")), ids=lambda p: p.name)
 def test_batch_scripts_take_counts_from_slurm(script):
     text = script.read_text()
@@ -24,13 +39,95 @@ def test_batch_scripts_take_counts_from_slurm(script):
         assert key in options, f"{script.name}: #SBATCH --{key} missing"
     assert "source jobs/lib/launch.sh" in text
     assert not re.search(r"-np \d|-n \d|--ntasks=\d", text), "counts come from the allocation"
-    subprocess.run(["bash", "-n", str(script)], check=True)
+    assert repeated_counts(options) == [], f"{script.name}: a count written twice"
+    subprocess.run(["bash", "-n", str(script)], check=True, timeout=30)
 
 
-def test_launch_library_defaults_to_srun_with_pmix():
-    text = (JOBS / "lib" / "launch.sh").read_text()
-    assert 'srun) srun --mpi=pmix "$@"' in text
-    assert 'mpirun -np "$SLURM_NTASKS"' in text
+@pytest.mark.parametrize("header, twice", [
+    ({"nodes": "1", "ntasks-per-node": "4", "gpus-per-node": "4"}, True),
+    ({"nodes": "1", "ntasks-per-node": "4", "gres": "gpu:a100:4"}, True),
+    ({"nodes": "2", "ntasks-per-node": "4", "ntasks": "8"}, True),
+    ({"nodes": "1", "ntasks-per-node": "4", "ntasks-per-gpu": "1"}, True),
+    ({"nodes": "1", "ntasks-per-node": "4", "gpus-per-task": "1"}, False),
+    ({"nodes": "1", "ntasks-per-node": "4", "cpus-per-task": "4"}, False),
+])
+def test_a_count_written_twice_is_caught(header, twice):
+    assert bool(repeated_counts(header)) == twice
+
+
+# --- the scripts run outside Slurm: launchers replaced by stubs that print their argv ----------
+
+@pytest.fixture
+def job_env(tmp_path):
+    """Environment in which a batch script runs here as in a 2-node x 3-task allocation, with
+    srun, mpirun and python stubs (first on PATH through a fake venv) that print their argv,
+    and on a second line the GPUs per task that an srun they start would read."""
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    for name in ("srun", "mpirun", "python"):
+        (stubs / name).write_text(f'#!/bin/sh\necho "{name} $*"\n'
+                                  f'echo "{name} sees SLURM_GPUS_PER_TASK=$SLURM_GPUS_PER_TASK"\n')
+        (stubs / name).chmod(0o755)
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "activate").write_text(f'PATH="{stubs}:$PATH"\n')
+    return {"PATH": os.environ["PATH"], "HPCTRAIN_VENV": str(venv), "SLURM_SUBMIT_DIR": str(REPO),
+            "SLURM_JOB_ID": "7", "SLURM_JOB_NAME": "job", "SLURM_NTASKS": "6",
+            "SLURM_NTASKS_PER_NODE": "3(x2)", "SLURM_JOB_NUM_NODES": "2",
+            "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_CPUS_PER_TASK": "2"}
+
+
+def run_job(script, env, launcher=None):
+    """Run the batch script with bash, as sbatch would on the first node; its output."""
+    env = {**env, **({"HPCTRAIN_LAUNCHER": launcher} if launcher else {})}
+    return subprocess.run(["bash", str(script)], env=env, cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+
+
+MPIRUN_FLAGS = "-bind-to none -map-by slot -x PATH -x LD_LIBRARY_PATH"
+
+
+def test_srun_ends_the_step_when_one_task_fails(job_env):
+    done = run_job(JOBS / "info.sbatch", job_env)
+    assert done.returncode == 0, done.stderr
+    assert "srun --mpi=pmix --kill-on-bad-exit=1 python -m hpctrain info\n" in done.stdout
+
+
+def test_mpirun_launch_carries_the_recommended_flags(job_env):
+    done = run_job(JOBS / "info.sbatch", job_env, launcher="mpirun")
+    assert done.returncode == 0, done.stderr
+    assert f"mpirun -np 6 {MPIRUN_FLAGS} python -m hpctrain info\n" in done.stdout
+
+
+@pytest.mark.parametrize("script", sorted(JOBS.glob("*.sbatch")), ids=lambda p: p.name)
+def test_every_script_honours_the_launcher_choice(job_env, script):
+    srun = run_job(script, job_env)
+    assert srun.returncode == 0, srun.stderr
+    assert "srun" in srun.stdout and "mpirun" not in srun.stdout, srun.stdout
+    mpirun = run_job(script, job_env, launcher="mpirun")
+    assert mpirun.returncode == 0, mpirun.stderr
+    assert MPIRUN_FLAGS in mpirun.stdout and "srun" not in mpirun.stdout, mpirun.stdout
+    wrong = run_job(script, job_env, launcher="ssh")
+    assert wrong.returncode != 0
+    assert "HPCTRAIN_LAUNCHER must be srun or mpirun, got 'ssh'" in wrong.stderr
+
+
+def test_mpirun_daemons_get_every_gpu_of_the_node(job_env):
+    # srun's tasks take one GPU each; mpirun's srun starts one daemon per node, which must
+    # not be limited to one GPU for all the ranks it starts.
+    gpu_job = {**job_env, "SLURM_GPUS_PER_TASK": "1"}
+    srun = run_job(JOBS / "train-gpu.sbatch", gpu_job)
+    assert "srun sees SLURM_GPUS_PER_TASK=1\n" in srun.stdout, srun.stdout + srun.stderr
+    mpirun = run_job(JOBS / "train-gpu.sbatch", gpu_job, launcher="mpirun")
+    assert "mpirun sees SLURM_GPUS_PER_TASK=\n" in mpirun.stdout, mpirun.stdout + mpirun.stderr
+
+
+def test_study_job_hands_its_launcher_to_the_study(job_env):
+    done = run_job(JOBS / "study.sbatch", job_env, launcher="mpirun")
+    assert done.returncode == 0, done.stderr
+    assert "# study at 3,6 ranks (3 per node)" in done.stdout
+    assert (f"python -m hpctrain study allreduce --launcher mpirun {MPIRUN_FLAGS} --np 3,6 "
+            f"--out runs/job-7\n") in done.stdout
 
 
 def test_mpijob_structure():
@@ -42,7 +139,10 @@ def test_mpijob_structure():
     worker = spec["mpiReplicaSpecs"]["Worker"]
     assert launcher["replicas"] == 1
     command = launcher["template"]["spec"]["containers"][0]["command"]
-    assert command[:3] == ["mpirun", "-np", str(worker["replicas"] * slots)]
+    # The operator's hostfile gives every worker slotsPerWorker slots: mpirun fills them all
+    # with no -np, which would repeat replicas x slotsPerWorker.
+    assert command[0] == "mpirun"
+    assert not {"-np", "-n", "--np", "-c"} & set(command), command
     for flag in (["-bind-to", "none"], ["-map-by", "slot"], ["-x", "LD_LIBRARY_PATH"],
                  ["-x", "PATH"], ["-mca", "pml", "ob1"], ["-mca", "btl", "^openib"]):
         assert any(command[i:i + len(flag)] == flag for i in range(len(command))), flag
@@ -57,7 +157,8 @@ def test_shellcheck_jobs_and_scripts():
     scripts = [p for p in (REPO / "scripts").iterdir()
                if p.read_text().startswith("#!/usr/bin/env bash")]
     files = [*JOBS.glob("*.sbatch"), *JOBS.glob("lib/*.sh"), *scripts]
-    subprocess.run(["shellcheck", "-x", "-s", "bash", *map(str, files)], check=True, cwd=REPO)
+    subprocess.run(["shellcheck", "-x", "-s", "bash", *map(str, files)], check=True, cwd=REPO,
+                   timeout=120)
 
 
 @pytest.mark.parametrize("per_node, ranks, want", [
@@ -73,5 +174,6 @@ def test_study_srun_steps_take_the_fewest_nodes(per_node, ranks, want):
 def test_gpu_scripts_set_the_gpu_environment():
     for script in JOBS.glob("train-gpu*.sbatch"):
         text = script.read_text()
-        assert "gpus-per-node" in sbatch_options(script), script.name
+        # One rank per GPU, the GPUs derived from the task count: one number to edit.
+        assert sbatch_options(script).get("gpus-per-task") == "1", script.name
         assert "source jobs/lib/gpu-env.sh" in text and "--device cuda" in text, script.name

@@ -1,15 +1,21 @@
 """Whole-job behaviour under mpirun: the info table, abort on failure, and hang detection."""
 
 import os
+import pty
 import re
+import select
+import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
-from conftest import MpirunHung
+from conftest import REPO, MpirunHung, kill_launch, run_bounded, seconds_after_fault
+from hpctrain.launch import PROGRESS_TTY, launch_environment, mpirun_command, split_options
 
 FAULT_TIMEOUT = 60  # s: a normal 3-rank info launch takes well under 20 s here
+FAIL_WITHIN = 10    # s from the fault to the end of the job: MPI_Abort, not a time-out
 
 
 def test_info_lists_every_rank_and_the_horovod_build(mpirun, hpctrain_cmd):
@@ -38,6 +44,7 @@ def test_a_failing_rank_ends_the_whole_job(mpirun, hpctrain_cmd, np, rank):
     assert "Traceback (most recent call last)" in result.output
     assert f"InjectedFault: injected fault at 'info.gather' on rank {rank}" in result.output
     assert "hpctrain info:" not in result.output
+    assert seconds_after_fault(result) < FAIL_WITHIN, result.output
 
 
 @pytest.mark.parametrize("np", [2, 3])
@@ -46,6 +53,7 @@ def test_rank_0_failing_after_the_gather_ends_the_job(mpirun, hpctrain_cmd, np):
                     env={"HPCTRAIN_FAULT": "info.done@0"})
     assert result.returncode != 0
     assert f"[hpctrain] rank 0 of {np} on" in result.output
+    assert seconds_after_fault(result) < FAIL_WITHIN, result.output
 
 
 HANGING_JOB = textwrap.dedent("""
@@ -74,6 +82,18 @@ def test_unguarded_failure_hangs_and_the_harness_reports_it(mpirun, tmp_path):
         assert not _alive(pid), f"rank process {pid} survived the kill"
 
 
+def test_a_hung_launch_is_killed_with_what_left_its_process_group():
+    # As mpirun's local ranks, the child has a process group of its own (set -m); it also
+    # ignores SIGTERM, as a rank stuck in a system call can seem to. The group kill misses it;
+    # the session kill does not.
+    script = "set -m; (trap '' TERM; echo pid $BASHPID; exec sleep 300) & wait"
+    with pytest.raises(MpirunHung) as hung:
+        run_bounded(["bash", "-c", script], timeout=3)
+    pids = [int(p) for p in re.findall(r"pid (\d+)", str(hung.value))]
+    assert len(pids) == 1, str(hung.value)
+    assert not _alive(pids[0]), "the child in a process group of its own survived the kill"
+
+
 def _alive(pid):
     try:
         os.kill(pid, 0)
@@ -87,10 +107,6 @@ def _alive(pid):
 def test_a_process_that_initialised_mpi_can_still_launch_mpirun(tmp_path):
     """An MPI singleton (MPI_Init without a launcher) exports its runtime's variables; an
     mpirun started with them inherited fails silently. Our launches drop them."""
-    import subprocess
-
-    from hpctrain.launch import launch_environment
-
     program = textwrap.dedent("""
         import subprocess, sys
         from mpi4py import MPI
@@ -113,9 +129,94 @@ def test_a_process_that_initialised_mpi_can_still_launch_mpirun(tmp_path):
 
 
 def test_launch_environment_keeps_user_settings():
-    from hpctrain.launch import launch_environment
-
     env = launch_environment({"PMIX_RANK": "0", "OMPI_MCA_ess": "singleton",
                               "OMPI_COMM_WORLD_SIZE": "2", "OMPI_MCA_btl_tcp_if_include": "lo",
-                              "SLURM_JOB_ID": "7", "PATH": "/bin"})
+                              "SLURM_JOB_ID": "7", "PATH": "/bin", PROGRESS_TTY: "1"})
     assert env == {"OMPI_MCA_btl_tcp_if_include": "lo", "SLURM_JOB_ID": "7", "PATH": "/bin"}
+
+
+# --- python -m hpctrain.launch: its flags, its argument split, the terminal it reports ---------
+
+LAUNCHER = [sys.executable, "-m", "hpctrain.launch"]
+# Each rank writes its line with one system call, so that the two ranks' lines never interleave.
+SHOW_ARGV = [sys.executable, "-c",
+             "import os, sys; os.write(1, b'argv %r\\n' % sys.argv[1:])"]
+SHOW_TTY = [sys.executable, "-c",
+            f"import os; os.write(1, b'tty %r\\n' % os.environ.get('{PROGRESS_TTY}'))"]
+
+
+def test_the_terminal_is_reported_to_the_ranks_only_when_there_is_one():
+    assert PROGRESS_TTY not in " ".join(mpirun_command(2, ["true"]))
+    assert mpirun_command(2, ["true"], tty=True)[-3:] == ["-x", f"{PROGRESS_TTY}=1", "true"]
+
+
+@pytest.mark.parametrize("rest, extra, command", [
+    (["python", "a.py"], [], ["python", "a.py"]),
+    (["python", "a.py", "--", "-k", "x"], [], ["python", "a.py", "--", "-k", "x"]),
+    (["pytest", "--", "--"], [], ["pytest", "--", "--"]),
+    (["-x", "FOO", "--", "python", "a.py"], ["-x", "FOO"], ["python", "a.py"]),
+    (["-x", "FOO", "--", "python", "--", "b"], ["-x", "FOO"], ["python", "--", "b"]),
+    (["--", "python"], [], ["python"]),
+])
+def test_double_dash_ends_the_mpirun_options_only_after_options(rest, extra, command):
+    assert split_options(rest) == (extra, command)
+
+
+def test_mpirun_options_need_the_double_dash():
+    with pytest.raises(ValueError, match="followed by --"):
+        split_options(["-x", "FOO", "python", "a.py"])
+
+
+def test_the_commands_own_double_dash_reaches_it():
+    run = run_bounded([*LAUNCHER, "-np", "2", *SHOW_ARGV, "--", "x"], timeout=120,
+                      env=launch_environment())
+    assert run.returncode == 0, run.output
+    assert run.output.count("argv ['--', 'x']") == 2, run.output
+
+
+def test_mpirun_options_before_the_double_dash_reach_mpirun():
+    run = run_bounded([*LAUNCHER, "-np", "1", "-x", "HPCTRAIN_PROBE=7", "--", sys.executable,
+                       "-c", "import os; print('probe', os.environ['HPCTRAIN_PROBE'])"],
+                      timeout=120, env=launch_environment())
+    assert run.returncode == 0 and "probe 7" in run.output, run.output
+
+
+def test_ranks_learn_that_the_launcher_writes_to_a_terminal():
+    """mpirun gives ranks a pseudo-terminal whatever its own stdout is: only the launcher
+    knows, and tells every rank through HPCTRAIN_PROGRESS_TTY."""
+    on_terminal = run_on_terminal([*LAUNCHER, "-np", "2", *SHOW_TTY], timeout=120)
+    assert on_terminal.count("tty '1'") == 2, on_terminal
+    # The same launch into a pipe, from an environment that says "terminal" (a launch started
+    # by a rank of one that does): the variable is not inherited, and no rank gets it.
+    piped = run_bounded([*LAUNCHER, "-np", "2", *SHOW_TTY], timeout=120,
+                        env={**os.environ, PROGRESS_TTY: "1"})
+    assert piped.returncode == 0, piped.output
+    assert piped.output.count("tty None") == 2, piped.output
+
+
+def run_on_terminal(argv, *, timeout):
+    """Run ``argv`` with a pseudo-terminal as stdout and stderr; return what it wrote. A run
+    that outlives ``timeout`` is killed with what it started, and fails the test."""
+    reader, terminal = pty.openpty()
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal,
+                            env=launch_environment(), cwd=REPO, start_new_session=True)
+    os.close(terminal)
+    chunks, deadline = [], time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if not select.select([reader], [], [], 1)[0]:
+                continue
+            try:
+                chunk = os.read(reader, 4096)
+            except OSError:  # EIO: every process holding the terminal has closed it
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        else:
+            kill_launch(proc)
+            pytest.fail(f"{argv} did not finish within {timeout} s: {b''.join(chunks)!r}")
+    finally:
+        os.close(reader)
+    proc.wait(timeout=30)
+    return b"".join(chunks).decode(errors="replace")

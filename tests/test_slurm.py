@@ -8,6 +8,7 @@ through a separate copy of the script.
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,21 +16,24 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SLURM_LOCAL = REPO / "scripts" / "slurm-local"
 JOB_TIMEOUT = 240  # s
+SCRIPT_TIMEOUT = 120  # s: slurm-local status, env, down (up may install packages: 600 s)
 
 
 @pytest.fixture(scope="session")
 def slurm_env():
     """Environment for sbatch against the local Slurm, which is up for the whole session."""
-    status = subprocess.run([SLURM_LOCAL, "status"], capture_output=True, text=True)
+    status = subprocess.run([SLURM_LOCAL, "status"], capture_output=True, text=True,
+                            timeout=SCRIPT_TIMEOUT)
     was_up = "slurmctld  running" in status.stdout
     up = subprocess.run([SLURM_LOCAL, "up"], capture_output=True, text=True, timeout=600)
     assert up.returncode == 0, f"scripts/slurm-local up failed:\n{up.stdout}\n{up.stderr}"
-    conf = subprocess.run([SLURM_LOCAL, "env"], capture_output=True, text=True).stdout
+    conf = subprocess.run([SLURM_LOCAL, "env"], capture_output=True, text=True,
+                          timeout=SCRIPT_TIMEOUT).stdout
     env = {**os.environ, "SLURM_CONF": conf.strip().split("=", 1)[1],
            "PATH": f"{Path(os.sys.executable).parent}:{os.environ['PATH']}"}
     yield env
     if not was_up:
-        subprocess.run([SLURM_LOCAL, "down"], capture_output=True, timeout=120)
+        subprocess.run([SLURM_LOCAL, "down"], capture_output=True, timeout=SCRIPT_TIMEOUT)
 
 
 def submit(env, script, tmp_path, *options, extra_env=None):
@@ -41,8 +45,9 @@ def submit(env, script, tmp_path, *options, extra_env=None):
     try:
         stdout, _ = proc.communicate(timeout=JOB_TIMEOUT)
     except subprocess.TimeoutExpired:
+        # sbatch --wait only waits: the job's processes belong to slurmd, and scancel ends them.
         proc.kill()
-        stdout = proc.communicate()[0]
+        stdout = proc.communicate(timeout=30)[0]
         job = stdout.strip().split(";")[0]
         if job.isdigit():
             subprocess.run(["scancel", job], env=env, timeout=30)
@@ -76,6 +81,11 @@ def test_bench_job_prints_its_table(slurm_env, tmp_path):
                                                       "--algos ring,tree,mpi"})
     assert code == 0, output
     assert "# hpctrain 0.1.0 bench allreduce" in output
+    # A row per algorithm at every size (8, 64, 512, 4096 B), none with a wrong element.
+    for size in (8, 64, 512, 4096):
+        for algo in ("ring", "tree", "mpi"):
+            row = rf"^\s+{size}\s+{size // 4}\s+float32\s+sum\s+{algo}\s+(?:[\d.]+\s+){{5}}0$"
+            assert re.search(row, output, re.M), f"no {algo} row at {size} B:\n{output}"
     assert "# Out of bounds values : 0 OK" in output
 
 
@@ -110,3 +120,27 @@ def test_study_job_writes_its_report(slurm_env, tmp_path):
     assert "# study at 2 ranks (2 per node)" in output
     for name in ("study.h5", "params.json", "summary.md"):
         assert (tmp_path / "report" / name).exists(), output
+
+
+# --- scripts/slurm-local itself (no Slurm needed) ---------------------------------------------
+
+def test_down_leaves_alone_a_process_that_reused_a_daemons_pid(tmp_path):
+    """A stale PID file whose number now belongs to another process: `down` must not kill
+    it, and `status` must not call it running."""
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        (tmp_path / "run").mkdir()
+        for name in ("munged", "slurmctld", "slurmd"):
+            (tmp_path / "run" / f"{name}.pid").write_text(f"{other.pid}\n")
+        env = {**os.environ, "HPCTRAIN_SLURM_DIR": str(tmp_path)}
+        status = subprocess.run([SLURM_LOCAL, "status"], env=env, capture_output=True,
+                                text=True, timeout=SCRIPT_TIMEOUT)
+        assert "running" not in status.stdout, status.stdout
+        down = subprocess.run([SLURM_LOCAL, "down"], env=env, capture_output=True, text=True,
+                              timeout=SCRIPT_TIMEOUT)
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert "stopped" not in down.stdout, down.stdout
+        assert other.poll() is None, "down killed a process that is not its daemon"
+    finally:
+        other.kill()
+        other.wait(timeout=30)

@@ -1,7 +1,9 @@
 """Multi-node behaviour on the emulated cluster: hosts in network namespaces, rate-limited links.
 
 The module fixture brings up 2 hosts with scripts/vcluster (its own namespace prefix and state
-directory, so it never touches another cluster) and removes them afterwards.
+directory, so it never touches another cluster) and removes them afterwards. Ranks run
+`python` as the README writes it, with no virtual environment on PATH: scripts/vcluster puts
+the project's first. Every launch is bounded, and a hung one is killed with all it started.
 """
 
 import os
@@ -12,65 +14,79 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import REPO, run_bounded
+
 VCLUSTER = REPO / "scripts" / "vcluster"
 LAUNCH_TIMEOUT = 180  # s
+SCRIPT_TIMEOUT = 120  # s, for up, down and status
 
 
 @pytest.fixture(scope="module")
 def vcluster(tmp_path_factory):
     """Environment that addresses a 2-host, 1 slot per host, 1 Gbit/s emulated cluster."""
+    venv_bin = str(Path(sys.prefix) / "bin")
+    path = ":".join(d for d in os.environ["PATH"].split(":") if d != venv_bin)
     env = {**os.environ, "HPCTRAIN_VCLUSTER_DIR": str(tmp_path_factory.mktemp("vcluster")),
-           "HPCTRAIN_VCLUSTER_PREFIX": f"hpt{os.getpid() % 100000}",
-           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    up = subprocess.run([VCLUSTER, "up", "--hosts", "2", "--slots", "1", "--rate", "1gbit"],
-                        env=env, capture_output=True, text=True, timeout=120)
+           "HPCTRAIN_VCLUSTER_PREFIX": f"hpt{os.getpid() % 100000}", "PATH": path}
+    env.pop("VIRTUAL_ENV", None)
+    if Path(sys.prefix) != REPO / ".venv":  # run from another environment: vcluster's choice
+        env["HPCTRAIN_VENV"] = sys.prefix
+    up = script(env, "up", "--hosts", "2", "--slots", "1", "--rate", "1gbit")
     assert up.returncode == 0, up.stdout + up.stderr
     try:
         yield env
     finally:
-        down = subprocess.run([VCLUSTER, "down"], env=env, capture_output=True, text=True,
-                              timeout=120)
+        down = script(env, "down")
         assert down.returncode == 0, down.stdout + down.stderr
-        left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
+                              timeout=SCRIPT_TIMEOUT).stdout
         assert env["HPCTRAIN_VCLUSTER_PREFIX"] + "-" not in left, "down left namespaces behind"
 
 
+def script(env, *args):
+    """``scripts/vcluster ARGS`` (up, down, status: no process outlives them)."""
+    return subprocess.run([VCLUSTER, *args], env=env, capture_output=True, text=True,
+                          timeout=SCRIPT_TIMEOUT)
+
+
 def run_on_cluster(env, np, *command):
-    command = [str(c) for c in command]
-    try:
-        return subprocess.run([VCLUSTER, "mpirun", "-np", str(np), *command], env=env,
-                              capture_output=True, text=True, timeout=LAUNCH_TIMEOUT,
-                              cwd=REPO, start_new_session=True)
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"vcluster launch of {command} hung for {LAUNCH_TIMEOUT} s: {exc.output}")
+    """``scripts/vcluster mpirun -np NP COMMAND`` -> ``Launch``. A hang fails the test after
+    LAUNCH_TIMEOUT, and kills the launch's ranks on every emulated host, not mpirun alone."""
+    return run_bounded([VCLUSTER, "mpirun", "-np", np, *command], timeout=LAUNCH_TIMEOUT,
+                       env=env)
 
 
 def test_status_shows_each_host_with_its_link(vcluster):
-    status = subprocess.run([VCLUSTER, "status"], env=vcluster, capture_output=True, text=True)
+    status = script(vcluster, "status")
     prefix = vcluster["HPCTRAIN_VCLUSTER_PREFIX"]
     assert re.search(rf"{prefix}-h1\s+10\.77\.0\.1/24\s+qdisc tbf .*rate 1Gbit", status.stdout)
     assert re.search(rf"{prefix}-h2\s+10\.77\.0\.2/24\s+qdisc tbf .*rate 1Gbit", status.stdout)
 
 
+def test_ranks_run_the_projects_python_without_an_activated_venv(vcluster):
+    result = run_on_cluster(vcluster, 2, "python", "-c", "import sys; print('prefix', sys.prefix)")
+    assert result.returncode == 0, result.output
+    assert re.findall(r"^prefix (.*)$", result.output, re.M) == [sys.prefix] * 2, result.output
+
+
 def test_ranks_land_on_different_hosts(vcluster):
-    result = run_on_cluster(vcluster, 2, sys.executable, "-m", "hpctrain", "info")
-    assert result.returncode == 0, result.stdout + result.stderr
-    hosts = re.findall(r"^\s+(\d)\s+(h\d)\s+\d+", result.stdout, re.M)
+    result = run_on_cluster(vcluster, 2, "python", "-m", "hpctrain", "info")
+    assert result.returncode == 0, result.output
+    hosts = re.findall(r"^\s+(\d)\s+(h\d)\s+\d+", result.output, re.M)
     assert hosts == [("0", "h1"), ("1", "h2")]
 
 
 def test_two_host_allreduce_crosses_the_link(vcluster):
-    result = run_on_cluster(vcluster, 2, sys.executable, "-m", "hpctrain", "bench",
+    result = run_on_cluster(vcluster, 2, "python", "-m", "hpctrain", "bench",
                             "allreduce", "--algos", "ring,butterfly,mpi", "-b", "4K", "-e", "4M",
                             "-f", "4", "-n", "3", "-w", "1")
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "# Out of bounds values : 0 OK" in result.stdout
+    assert result.returncode == 0, result.output
+    assert "# Out of bounds values : 0 OK" in result.output
     # 4 MiB at 1 Gbit/s takes >= 2(p-1)/p * 4 MiB / 125 MB/s = 33 ms on the ring: the data
     # crossed the rate-limited link, not shared memory (which would take ~1 ms).
     row = re.search(r"^\s+4194304\s+\d+\s+float32\s+sum\s+ring\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)",
-                    result.stdout, re.M)
-    assert row and float(row.group(3)) > 25_000, result.stdout
+                    result.output, re.M)
+    assert row and float(row.group(3)) > 25_000, result.output
 
 
 def test_two_host_training_matches_one_host(vcluster, mpirun, tmp_path):
@@ -78,11 +94,11 @@ def test_two_host_training_matches_one_host(vcluster, mpirun, tmp_path):
     order whatever carries the bytes, so losses agree to the last digit."""
     args = ["-m", "hpctrain", "train", "--epochs", "2", "--allreduce", "ring",
             "--progress", "never"]
-    across = run_on_cluster(vcluster, 2, sys.executable, *args, "--run-dir", tmp_path / "2h")
-    assert across.returncode == 0, across.stdout + across.stderr
+    across = run_on_cluster(vcluster, 2, "python", *args, "--run-dir", tmp_path / "2h")
+    assert across.returncode == 0, across.output
     local = mpirun(2, [sys.executable, *args, "--run-dir", tmp_path / "1h"], timeout=180)
     assert local.returncode == 0, local.output
-    assert re.search(r"^epoch\s+2/2 .*val_acc", across.stdout, re.M), across.stdout
+    assert re.search(r"^epoch\s+2/2 .*val_acc", across.output, re.M), across.output
 
     def losses(run):
         rows = (tmp_path / run / "metrics.csv").read_text().splitlines()

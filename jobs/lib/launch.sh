@@ -16,16 +16,43 @@ elif [ -f .venv/bin/activate ]; then
     source .venv/bin/activate
 fi
 
+# Open MPI's flags for a job of one rank per task (Horovod's recommended launch): -bind-to
+# none leaves CPU placement to Slurm's --cpus-per-task (Open MPI's own binding, to a core or
+# a socket, can squeeze a rank's threads onto one core); -map-by slot gives each node's tasks
+# consecutive ranks, as srun does; -x hands PATH and LD_LIBRARY_PATH (this job's environment)
+# to the ranks on every node. The transport stays Open MPI's choice, or OMPI_MCA_pml's.
+mpirun_flags=(-bind-to none -map-by slot -x PATH -x LD_LIBRARY_PATH)
+
+# launcher_prefix: the launcher as a command prefix that takes -np N, for a program that
+# starts its own steps (jobs/study.sbatch); for srun the bare name, which the study completes
+# with --mpi=pmix and the step's node and task counts.
+launcher_prefix() {
+    case ${HPCTRAIN_LAUNCHER:-srun} in
+        srun) echo srun ;;
+        mpirun) echo "mpirun ${mpirun_flags[*]}" ;;
+        *) launcher_error; return 2 ;;
+    esac
+}
+
+launcher_error() {
+    echo "HPCTRAIN_LAUNCHER must be srun or mpirun, got '$HPCTRAIN_LAUNCHER'" >&2
+}
+
 launch() {
     case ${HPCTRAIN_LAUNCHER:-srun} in
         # srun starts one task per rank and wires them up through PMIx: no hostfile, and the
-        # counts come from the allocation (SLURM_NTASKS, SLURM_NTASKS_PER_NODE).
-        srun) srun --mpi=pmix "$@" ;;
+        # counts come from the allocation (SLURM_NTASKS, SLURM_NTASKS_PER_NODE). A task that
+        # exits non-zero ends the whole step at once (--kill-on-bad-exit): its peers would
+        # otherwise wait for it in a collective until the time limit.
+        srun) srun --mpi=pmix --kill-on-bad-exit=1 "$@" ;;
         # Open MPI's mpirun reads the Slurm allocation itself; -np is given only so that the
-        # log shows it. --bind-to none leaves placement to Slurm's --cpus-per-task.
-        mpirun) mpirun -np "$SLURM_NTASKS" --bind-to none "$@" ;;
-        *) echo "HPCTRAIN_LAUNCHER must be srun or mpirun, got '$HPCTRAIN_LAUNCHER'" >&2
-           return 2 ;;
+        # log shows it. mpirun ends the job when one rank fails. It starts its daemons with
+        # srun, one task per node, which would read SLURM_GPUS_PER_TASK (--gpus-per-task=1)
+        # and give each daemon, and so all the ranks of its node, one GPU; without it the
+        # daemons' step gets every GPU of the job (srun's default).
+        mpirun) env -u SLURM_GPUS_PER_TASK \
+                    mpirun -np "$SLURM_NTASKS" "${mpirun_flags[@]}" "$@" ;;
+        *) launcher_error; return 2 ;;
     esac
 }
 

@@ -8,6 +8,7 @@ import torch
 from mpi4py import MPI
 
 from hpctrain.data import synthetic
+from hpctrain.devices import node_local_rank
 from hpctrain.train import TrainConfig
 
 COMM = MPI.COMM_WORLD
@@ -22,18 +23,10 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
 GPU_MODULE = [pytest.mark.mpi, pytest.mark.gpu, needs_cuda]
 
 
-def local_rank(comm=COMM):
-    """This rank's index among the ranks of its node (collective over ``comm``)."""
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
-    rank = local.Get_rank()
-    local.Free()
-    return rank
-
-
 def rank_device():
     """The GPU the library's convention gives this rank: node-local rank modulo the GPU
     count, so that ranks outnumbering GPUs share them (collective over ``COMM``)."""
-    return torch.device("cuda", local_rank() % torch.cuda.device_count())
+    return torch.device("cuda", node_local_rank(COMM) % torch.cuda.device_count())
 
 
 def all_ranks(ok, failures=()):

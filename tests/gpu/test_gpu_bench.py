@@ -5,10 +5,11 @@ import json
 
 import torch
 
-from gpu_support import COMM, GPU_MODULE, SIZE, all_ranks, local_rank
+from gpu_support import COMM, GPU_MODULE, SIZE, all_ranks
 from hpctrain import collectives
 from hpctrain.bench import allreduce as bench
 from hpctrain.cli import build_parser
+from hpctrain.devices import node_local_rank
 
 pytestmark = GPU_MODULE
 
@@ -47,7 +48,7 @@ def test_bench_puts_each_rank_buffers_on_its_local_rank_gpu(monkeypatch):
         return reduce(buf, *args, **kwargs)
     monkeypatch.setattr(collectives, "allreduce", recording_allreduce)
     wrong = bench.run(bench_args("-b", "64K", "-e", "64K"), COMM)
-    want = torch.device("cuda", local_rank() % torch.cuda.device_count())
+    local = node_local_rank(COMM)
+    want = torch.device("cuda", local % torch.cuda.device_count())
     all_ranks(devices == {want} and wrong == 0,
-              [f"local rank {local_rank()}: buffers on {sorted(map(str, devices))}, "
-               f"want {want}"])
+              [f"local rank {local}: buffers on {sorted(map(str, devices))}, want {want}"])

@@ -8,9 +8,10 @@ Horovod's GPU run is in test_gpu_horovod.py.
 import pytest
 import torch
 
-from gpu_support import COMM, GPU_MODULE, all_ranks, local_rank
+from gpu_support import COMM, GPU_MODULE, all_ranks
 from gpu_support import data_file, tiny_config  # noqa: F401 - fixtures
 from hpctrain.data import HDF5Dataset
+from hpctrain.devices import node_local_rank
 from hpctrain.models import build_model
 from hpctrain.train import train
 
@@ -44,7 +45,8 @@ def test_training_on_cuda_reaches_the_cpu_weights(tiny_config, algo):
 
 def test_each_rank_trains_on_its_local_rank_gpu(tiny_config):
     result = train(tiny_config("mapping", device="cuda", allreduce="ring", epochs=1), COMM)
-    want = local_rank() % torch.cuda.device_count()
+    local = node_local_rank(COMM)
+    want = local % torch.cuda.device_count()
     got = torch.cuda.current_device()
     all_ranks(got == want and result.step > 0,
-              [f"local rank {local_rank()} trained on cuda:{got}, want cuda:{want}"])
+              [f"local rank {local} trained on cuda:{got}, want cuda:{want}"])

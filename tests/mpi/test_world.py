@@ -23,7 +23,7 @@ def test_mpi4py_allreduce_of_rank_numbers(comm):
     buf = np.full(5, comm.rank, dtype=np.int64)
     out = np.empty_like(buf)
     comm.Allreduce(buf, out)
-    assert (out == comm.size * (comm.size - 1) // 2).all()
+    assert comm.allreduce(bool((out == comm.size * (comm.size - 1) // 2).all()), op=MPI.LAND)
 
 
 def test_horovod_runs_over_the_same_world(comm):
@@ -31,8 +31,17 @@ def test_horovod_runs_over_the_same_world(comm):
     import torch
 
     hvd.init()
-    assert (hvd.size(), hvd.rank()) == (comm.size, comm.rank)
-    assert hvd.mpi_enabled()
+    # Every rank reaches the allreduce whatever it found before: an assertion failing there
+    # on one rank would leave the others waiting in it. One collective verdict at the end.
+    failures = []
+    if (hvd.size(), hvd.rank()) != (comm.size, comm.rank):
+        failures.append(f"Horovod size, rank {hvd.size(), hvd.rank()}")
+    if not hvd.mpi_enabled():
+        failures.append("Horovod's MPI controller is not enabled")
     total = hvd.allreduce(torch.tensor([float(comm.rank), 1.0]), op=hvd.Sum, name="ranks")
-    assert total.tolist() == [comm.size * (comm.size - 1) / 2, float(comm.size)]
+    if total.tolist() != [comm.size * (comm.size - 1) / 2, float(comm.size)]:
+        failures.append(f"allreduce gave {total.tolist()}")
+    everyone = comm.allgather(failures)
+    assert not any(everyone), "; ".join(f"rank {rank}: {', '.join(fails)}"
+                                        for rank, fails in enumerate(everyone) if fails)
 
