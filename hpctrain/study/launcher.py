@@ -17,7 +17,7 @@ def command(launcher, ranks, argv):
     """The argv that starts ``argv`` on ``ranks`` ranks with ``launcher``.
 
     ``local``: this machine's mpirun (root and oversubscription flags added as needed);
-    ``srun``: ``srun --mpi=pmix -N K -n N`` inside a Slurm allocation (K: :func:`srun_nodes`);
+    ``srun``: ``srun --mpi=pmix --kill-on-bad-exit=1 -N K -n N`` inside a Slurm allocation (K: :func:`srun_nodes`);
     anything else is a command prefix that takes ``-np N`` (for example
     ``scripts/vcluster mpirun``).
     """
@@ -26,7 +26,7 @@ def command(launcher, ranks, argv):
     if launcher == "srun":
         if "SLURM_JOB_ID" not in os.environ:
             raise UsageError("--launcher srun needs a Slurm allocation (salloc or sbatch)")
-        return ["srun", "--mpi=pmix", *srun_nodes(ranks), "-n", str(ranks), *argv]
+        return ["srun", "--mpi=pmix", "--kill-on-bad-exit=1", *srun_nodes(ranks), "-n", str(ranks), *argv]
     return [*shlex.split(launcher), "-np", str(ranks), *argv]
 
 
