@@ -90,8 +90,9 @@ class _Pending:
 
 class _Mailboxes(dict):
     def __missing__(self, key):
-        self[key] = box = queue.Queue()
-        return box
+        # setdefault, not ``self[key] = ...``: two ranks' threads may miss the same key at
+        # once, and the one that stored its queue last would strand the other's message.
+        return self.setdefault(key, queue.Queue())
 
 
 def simulate(algo, size, count, options, dtype="int64", op="sum"):

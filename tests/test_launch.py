@@ -94,7 +94,16 @@ def test_a_hung_launch_is_killed_with_what_left_its_process_group():
     assert not _alive(pids[0]), "the child in a process group of its own survived the kill"
 
 
-def _alive(pid):
+def _alive(pid, within=5.0):
+    """Whether ``pid`` still runs ``within`` seconds from now (a SIGKILLed process closes its
+    files, which ends the launch's output, a moment before it is gone)."""
+    deadline = time.monotonic() + within
+    while _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return _running(pid)
+
+
+def _running(pid):
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
