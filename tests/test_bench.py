@@ -66,8 +66,17 @@ def test_bench_allreduce_table_files_and_footer(mpirun, hpctrain_cmd, tmp_path):
     assert "# Out of bounds values : 0 OK" in out
     for algo in algos:
         assert re.search(rf"^#\s+{re.escape(algo)}\s+[\d.]+$", out, re.M)
+    # The Sendrecv reference at the smallest size: ceil(lg 3) = 2 of them, and every
+    # algorithm's 8-byte time as a multiple of that.
+    reference = re.search(r"^# Small messages \(8 B\): .* takes ([\d.]+) us .*; ceil\(lg p\) "
+                          r"= 2 of them: ([\d.]+) us$", out, re.M)
+    assert reference and float(reference.group(2)) == pytest.approx(
+        2 * float(reference.group(1)), abs=0.02), out
+    ratios = dict(re.findall(r"(\S+) ([\d.]+)x", out.split("time / (ceil(lg p) x Sendrecv):")[1]))
+    assert set(ratios) == set(algos) and all(float(v) > 0 for v in ratios.values()), out
     document = json.loads(out_json.read_text())
     assert len(document["rows"]) == len(rows) and document["wrong"] == 0
+    assert document["sendrecv_reference"]["size"] == 8
     with h5py.File(out_h5) as f:
         assert f["allreduce"].shape == (len(rows),)
         assert set(f["allreduce"]["algo"]) == {a.encode() for a in algos}

@@ -335,7 +335,9 @@ class Context:
         self.quick = {}        # (algo, op, NumPy or torch dtype, count) -> plan
         self.views = {}        # id(tensor) -> (tensor, data_ptr, dtype, numel, NumPy view)
         self.last_view = _NO_VIEW
-        self.last_call = _NO_CALL   # (buf, algo, op, data_ptr or None, plan, go)
+        # (buf, algo, op, data_ptr or None, plan, go, dtype, and for a tensor its
+        # data_ptr, is_contiguous and numel methods)
+        self.last_call = _NO_CALL
         self.workspaces = {}
         self.fused = {}
         self.check_recv = np.empty(2 * len(CHECK_FIELDS), dtype=np.int64)
@@ -660,8 +662,8 @@ def allreduce(buf, op="sum", algo="ring", comm=None, check=True, **options):
     # checked to still be the memory, dtype and layout it was.
     last = ctx.last_call
     if buf is last[0] and algo == last[1] and op == last[2] and not options and (
-            (buf.data_ptr() == last[3] and buf.dtype is last[6] and buf.is_contiguous()
-             and buf.numel() == last[4].count) if last[3] is not None else
+            (last[7]() == last[3] and buf.dtype is last[6] and last[8]()
+             and last[9]() == last[4].count) if last[3] is not None else
             (buf.dtype is last[6] and buf.flags.c_contiguous and buf.flags.writeable)):
         if check and ctx.size > 1:
             ctx.verify(last[4].check, last[4])
@@ -702,8 +704,12 @@ def allreduce(buf, op="sum", algo="ring", comm=None, check=True, **options):
         # A host buffer (a CUDA tensor's run synchronises its stream: not worth it there).
         # The tensor's memory is checked by address; an array is kept alive (and so cannot
         # be resized in place) by this reference.
-        ptr = None if type(buf) is np.ndarray else buf.data_ptr()
-        ctx.last_call = (buf, algo, op, ptr, plan, ctx.bind_buffer(plan, flat), buf.dtype)
+        # The tensor's bound methods are kept too: looking them up costs more than a call.
+        probes = (None,) * 3 if type(buf) is np.ndarray else \
+            (buf.data_ptr, buf.is_contiguous, buf.numel)
+        ptr = None if probes[0] is None else buf.data_ptr()
+        ctx.last_call = (buf, algo, op, ptr, plan, ctx.bind_buffer(plan, flat), buf.dtype,
+                         *probes)
     return buf
 
 
@@ -737,7 +743,7 @@ def resolve(ctx, buf, op, algo, options):
 #: Tensors whose NumPy views are kept for the next call: at most this many, this small.
 VIEW_TENSORS, VIEW_BYTES = 16, 256 * 1024
 _NO_VIEW = (None,)
-_NO_CALL = (None, None, None, None, None, None)
+_NO_CALL = (None,) * 10
 
 
 def options_key(options):

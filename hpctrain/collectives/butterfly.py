@@ -21,6 +21,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from . import base
 from .base import Algorithm, add_few, chunk_bounds, mpi_datatype, register
 from ..errors import UsageError
 
@@ -140,7 +141,9 @@ class Butterfly(Algorithm):
         sendrecv, tag, peer = comm.Sendrecv, self.tag, sched.steps[0]
         datatype = mpi_datatype(plan.dtype)
         incoming = plan.scratch[:plan.count]
-        send, received = [flat, datatype], [incoming, datatype]
+        # mpi4py reads its own buffer objects a little faster than arrays.
+        buffer = base.MPI.buffer
+        send, received = [buffer(flat), datatype], [buffer(incoming), datatype]
         mine, theirs = memoryview(flat), memoryview(incoming)
 
         def swap_and_add_one():
