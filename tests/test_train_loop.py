@@ -135,3 +135,16 @@ def test_a_rank_failing_mid_training_ends_the_job(mpirun, hpctrain_cmd, data_fil
                  env={"HPCTRAIN_FAULT": "train.step@1"})
     assert run.returncode != 0
     assert "rank 1 of 3" in run.output and "InjectedFault" in run.output
+
+
+def test_the_main_job_reaches_95_percent_on_four_ranks(mpirun, hpctrain_cmd, tmp_path):
+    # The README's main job, with its defaults (the digits MLP, Horovod, 20 epochs), on 4
+    # ranks: it must reach the accuracy the README promises, in about a minute at most.
+    run_dir = tmp_path / "digits"
+    result = mpirun(4, [*hpctrain_cmd, "train", "--progress", "never",
+                        "--run-dir", run_dir], timeout=300)
+    assert result.returncode == 0, result.output
+    rows = list(csv.DictReader(open(run_dir / "metrics.csv")))
+    assert len(rows) == 20, result.output
+    assert float(rows[-1]["val_acc"]) >= 0.95, result.output[-3000:]
+    assert result.elapsed < 90, f"the main job took {result.elapsed:.0f} s"
