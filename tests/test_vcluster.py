@@ -63,6 +63,18 @@ def test_status_shows_each_host_with_its_link(vcluster):
     assert re.search(rf"{prefix}-h2\s+10\.77\.0\.2/24\s+qdisc tbf .*rate 1Gbit", status.stdout)
 
 
+def test_links_carry_jumbo_frames_and_a_bad_mtu_is_refused(vcluster):
+    prefix = vcluster["HPCTRAIN_VCLUSTER_PREFIX"]
+    assert "mtu=9000" in script(vcluster, "status").stdout
+    link = subprocess.run(["ip", "-n", f"{prefix}-h1", "link", "show", "vc0"],
+                          capture_output=True, text=True, timeout=SCRIPT_TIMEOUT).stdout
+    assert " mtu 9000 " in link, link
+    other = {**vcluster, "HPCTRAIN_VCLUSTER_PREFIX": prefix + "x"}
+    bad = script(other, "up", "--hosts", "2", "--mtu", "100")
+    assert bad.returncode != 0 and "--mtu must be a number of bytes from 576 to 65535" \
+        in bad.stderr, bad.stdout + bad.stderr
+
+
 def test_ranks_run_the_projects_python_without_an_activated_venv(vcluster):
     result = run_on_cluster(vcluster, 2, "python", "-c", "import sys; print('prefix', sys.prefix)")
     assert result.returncode == 0, result.output
