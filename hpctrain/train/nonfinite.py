@@ -20,9 +20,28 @@ class NonFiniteError(RuntimeError):
 def verdict(loss, gradients):
     """``LOSS | GRADIENTS`` bits for a non-finite ``loss`` (a float) or ``gradients``; or 0."""
     bad = 0 if math.isfinite(loss) else LOSS
-    if not all(bool(torch.isfinite(g).all()) for g in gradients):
+    if not all_finite(list(gradients)):
         bad |= GRADIENTS
     return bad
+
+
+def all_finite(tensors):
+    """True iff every element of every tensor is finite.
+
+    A sum is finite whenever all its terms are, and costs one read of the tensors; the exact
+    test builds a mask as large as them (``isfinite``, then ``all``), which took 40 % of a
+    training step of a 16 MB model here. So the tensors are summed (half precision in
+    float32, where a sum of finite values would overflow early) and only a non-finite total
+    (a NaN, an Inf, or finite values overflowing together) is checked element by element.
+    """
+    if not tensors:
+        return True
+    sums = [t.sum(dtype=torch.float32) if t.dtype in (torch.float16, torch.bfloat16)
+            else t.sum() for t in tensors]
+    total = torch.stack([s.to(torch.float64) for s in sums]).sum()
+    if math.isfinite(float(total)):
+        return True
+    return all(bool(torch.isfinite(t).all()) for t in tensors)
 
 
 def describe(verdicts):
