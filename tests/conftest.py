@@ -151,3 +151,11 @@ def from_rank0(comm, make):
     read are written by rank 0 into its directories, and their names broadcast.
     """
     return comm.bcast(make() if comm.rank == 0 else None, root=0)
+
+
+def all_ranks(comm, ok, failures=()):
+    """Assert ``ok`` on every rank at once (collective): a rank that failed alone would leave
+    the others waiting in the next collective. The message holds every rank's failures."""
+    everyone = comm.allgather((bool(ok), [str(f) for f in failures][:10]))
+    lines = [f"rank {rank}: {f}" for rank, (_, fails) in enumerate(everyone) for f in fails]
+    assert all(good for good, _ in everyone), "\n".join(lines) or "failed on some rank"

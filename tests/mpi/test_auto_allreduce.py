@@ -9,6 +9,8 @@ from mpi4py import MPI
 from hpctrain.collectives import allreduce, auto, context
 from hpctrain.errors import UsageError
 
+from conftest import all_ranks
+
 pytestmark = pytest.mark.mpi
 
 
@@ -28,15 +30,20 @@ def profile_path(tmp_path_factory):
 def test_auto_reduces_with_the_profiles_choice(profile_path):
     comm = MPI.COMM_WORLD
     auto.use(auto.load(profile_path, comm))
+    failures = []
     for count, chosen in ((4, "tree"), (1 << 18, "ring")):
         data = np.arange(count, dtype=np.float64) + comm.rank
         allreduce(data, op="sum", algo="auto")
         want = comm.size * np.arange(count, dtype=np.float64) + comm.size * (comm.size - 1) / 2
-        np.testing.assert_array_equal(data, want)
-        assert auto.choice(count * 8, comm.size)[0] == chosen
         plans = [p for k, p in context().plans.items() if k[0] == auto.NAME[0]
                  and k[3] == count]
-        assert plans and plans[0].algorithm.name == chosen
+        if not np.array_equal(data, want):
+            failures.append(f"n={count}: wrong result")
+        if auto.choice(count * 8, comm.size)[0] != chosen:
+            failures.append(f"n={count}: the profile chose {auto.choice(count * 8, comm.size)}")
+        if not plans or plans[0].algorithm.name != chosen:
+            failures.append(f"n={count}: ran {[p.algorithm.name for p in plans]}, not {chosen}")
+    all_ranks(comm, not failures, failures)
 
 
 def test_a_new_profile_takes_effect_at_the_next_call(profile_path, tmp_path):
@@ -47,9 +54,9 @@ def test_a_new_profile_takes_effect_at_the_next_call(profile_path, tmp_path):
     first = auto.NAME[0]
     auto.use(auto.Profile(1e-6, 1e-9, 0.0, best={comm.size: ((8, "butterfly"),)}))
     allreduce(data, algo="auto")
-    plans = [p for k, p in context().plans.items() if k[0] == auto.NAME[0]]
-    assert auto.NAME[0] != first and [p.algorithm.name for p in plans] == ["butterfly"]
-    assert data[0] == comm.size ** 2
+    plans = [p.algorithm.name for k, p in context().plans.items() if k[0] == auto.NAME[0]]
+    all_ranks(comm, auto.NAME[0] != first and plans == ["butterfly"]
+              and data[0] == comm.size ** 2, [f"plans {plans}, data {data.tolist()}"])
 
 
 def test_a_missing_profile_fails_on_every_rank():
