@@ -73,6 +73,10 @@ CASES = {
     "unknown option": (["--epoch=3"], "unknown configuration key 'epoch' on the command line; "
                                       "valid keys: name, run_dir"),
     "zero batch size": (["--batch-size=0"], "batch_size must be >= 1, got 0"),
+    "consistency checks of asynchronous workers": (
+        ["--regime=async-ps", "--check-consistency=5"],
+        "--check-consistency compares replicas that train in lockstep; under --regime "
+        "async-ps the workers' weights differ by design"),
     "negative hidden width": (["--hidden=-4"], "hidden must be >= 1, got -4"),
     "zero bucket size": (["--bucket-mb=0"], "bucket_mb must be > 0, got 0.0"),
     "NaN fraction": (["--val-fraction=nan"],

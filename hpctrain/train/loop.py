@@ -509,6 +509,12 @@ def _check_world(config, size):
         if checkpoint_interval(config.checkpoint_every)[1] == "step":
             raise UsageError("--regime async-ps checkpoints at epoch ends only: use "
                              "--checkpoint-every N (epochs)")
+        if config.check_consistency:
+            # Asynchronous workers hold different weights by design: a comparison would
+            # report a divergence at every check.
+            raise UsageError("--check-consistency compares replicas that train in lockstep; "
+                             "under --regime async-ps the workers' weights differ by design: "
+                             "use --check-consistency 0 or another regime")
     if config.device == "cuda":
         if not torch.cuda.is_available():
             raise UsageError("--device cuda: this torch build sees no CUDA GPU")
