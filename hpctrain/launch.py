@@ -13,11 +13,18 @@
   rank 0 that a progress bar will be seen (``hpctrain.train.report.progress_enabled``).
 
 On a cluster none of these is needed: launch with ``mpirun`` or ``srun`` directly.
+
+:func:`run_bounded` runs a launch with a time limit, and kills a hung one with every process
+it started (the tests and ``hpctrain study`` launch through it).
 """
 
 import os
+import shlex
 import shutil
+import signal
+import subprocess
 import sys
+from pathlib import Path
 
 #: Set to ``1`` in every rank's environment when the launcher writes to a terminal.
 PROGRESS_TTY = "HPCTRAIN_PROGRESS_TTY"
@@ -53,17 +60,78 @@ def mpirun_command(np, command, *, mpirun="mpirun", extra=(), tty=False):
 #: started with them inherited joins that runtime instead of starting its own, and fails
 #: without a word; they are dropped from the environment of every launch we start.
 #: Settings that users give (``OMPI_MCA_btl_tcp_if_include`` and the like) are kept.
-#: ``HPCTRAIN_PROGRESS_TTY`` goes too: it describes the output of the launch that set it, and
-#: a launch started from one of its ranks (a test, a study) writes somewhere else.
 RUNTIME_VARIABLE_PREFIXES = ("PMIX_", "ORTE_", "OMPI_COMM_WORLD_", "OMPI_APP_CTX_",
-                             "OMPI_MCA_ess", "OMPI_MCA_pmix", "OMPI_MCA_orte_", PROGRESS_TTY)
+                             "OMPI_MCA_ess", "OMPI_MCA_pmix", "OMPI_MCA_orte_")
 
 
 def launch_environment(environ=None):
-    """``environ`` (default ``os.environ``) without the variables of a running MPI runtime."""
+    """``environ`` (default ``os.environ``) without the variables of a running MPI runtime,
+    nor ``HPCTRAIN_PROGRESS_TTY``."""
     environ = os.environ if environ is None else environ
+    # PROGRESS_TTY describes the output of the launch that set it; a launch started from one
+    # of its ranks (a test, a study) writes somewhere else.
     return {name: value for name, value in environ.items()
-            if not name.startswith(RUNTIME_VARIABLE_PREFIXES)}
+            if not name.startswith(RUNTIME_VARIABLE_PREFIXES) and name != PROGRESS_TTY}
+
+
+class LaunchHung(RuntimeError):
+    """A launch that did not finish within its time limit; it has been killed with every
+    process it started. ``output``: what it wrote (stdout, then stderr)."""
+
+    def __init__(self, argv, timeout, output):
+        super().__init__(f"`{shlex.join(argv)}` did not finish within {timeout} s")
+        self.argv, self.timeout, self.output = argv, timeout, output
+
+
+def run_bounded(argv, timeout, *, env=None, cwd=None, merge_stderr=True):
+    """Run ``argv`` (a launcher: mpirun, srun, scripts/vcluster mpirun, ...) and return its
+    ``subprocess.CompletedProcess``, with text output; stderr goes into stdout when
+    ``merge_stderr``. If it outlives ``timeout`` seconds it is killed with every process it
+    started (:func:`kill_launch`) and ``LaunchHung`` is raised."""
+    argv = [str(a) for a in argv]
+    # A session of its own, so that a hung launch can be killed with everything it started
+    # (subprocess.run's timeout kills the launcher alone).
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
+                            text=True, env=env, cwd=cwd, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise LaunchHung(argv, timeout, kill_launch(proc)) from None
+    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
+
+
+def kill_launch(proc):
+    """End the launch ``proc`` (a ``Popen`` started in a session of its own) and every
+    process it started; return the rest of its output (stdout, then stderr, if piped)."""
+    # mpirun forwards SIGTERM to its ranks and has its daemons on other hosts end theirs.
+    # Then SIGKILL for what is left: the process group, and every other process of the
+    # session, for Open MPI gives each local rank a process group of its own, and those of a
+    # SIGKILLed mpirun live on.
+    for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        if sig == signal.SIGKILL:
+            _kill_session(proc.pid)
+        try:
+            return "".join(part or "" for part in proc.communicate(timeout=grace))
+        except subprocess.TimeoutExpired:
+            continue
+    return ""
+
+
+def _kill_session(session):
+    """SIGKILL every process of ``session`` (Linux: read from /proc)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # Fields after the command name, which may hold spaces: state ppid pgrp session.
+            fields = stat.read_text().rpartition(")")[2].split()
+            if int(fields[3]) == session:
+                os.kill(int(stat.parent.name), signal.SIGKILL)
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
 
 
 def split_options(rest):

@@ -11,11 +11,7 @@ Two kinds of tests live here:
   terminal (scripts/rank0-output).
 """
 
-import os
 import re
-import shlex
-import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -23,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain import launch as launching
 from hpctrain.launch import launch_environment, mpirun_command
 
 REPO = Path(__file__).resolve().parents[1]
@@ -68,50 +65,13 @@ def run_bounded(argv, *, timeout, env=None):
     """Run ``argv`` (a launcher: mpirun, scripts/vcluster mpirun, ...) from the project root,
     stdout and stderr together, and return its ``Launch``. If it outlives ``timeout`` it is
     killed with everything it started and ``MpirunHung`` is raised with its output."""
-    argv = [str(a) for a in argv]
     start = time.monotonic()
-    # A session of its own, so that a hung launch can be killed with everything it started.
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env, start_new_session=True, cwd=REPO)
     try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        output = kill_launch(proc)
-        raise MpirunHung(f"launch hung: `{shlex.join(argv)}` did not finish within {timeout} s "
-                         f"and was killed. Its output:\n{output[-4000:]}") from None
-    return Launch(argv, proc.returncode, output, time.monotonic() - start, time.time())
-
-
-def kill_launch(proc):
-    """End the launch ``proc`` (started in a session of its own) and everything it started;
-    return the rest of its output."""
-    # mpirun forwards SIGTERM to its ranks and has its daemons on other hosts end theirs.
-    # Then SIGKILL for what is left: the process group, and every other process of the
-    # session, for Open MPI gives each local rank a process group of its own, and those of a
-    # SIGKILLed mpirun live on (subprocess.run's timeout kills the child alone, leaving them).
-    for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
-        if sig == signal.SIGKILL:
-            _kill_session(proc.pid)
-        try:
-            return proc.communicate(timeout=grace)[0] or ""
-        except subprocess.TimeoutExpired:
-            continue
-    return ""
-
-
-def _kill_session(session):
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            # Fields after the command name, which may hold spaces: state ppid pgrp session.
-            fields = stat.read_text().rpartition(")")[2].split()
-            if int(fields[3]) == session:
-                os.kill(int(stat.parent.name), signal.SIGKILL)
-        except (OSError, IndexError, ValueError):
-            continue  # gone meanwhile
+        done = launching.run_bounded(argv, timeout, env=env, cwd=REPO)
+    except launching.LaunchHung as hung:
+        raise MpirunHung(f"launch hung: {hung} and was killed. Its output:\n"
+                         f"{hung.output[-4000:]}") from None
+    return Launch(done.args, done.returncode, done.stdout, time.monotonic() - start, time.time())
 
 
 def seconds_after_fault(run):
@@ -120,6 +80,19 @@ def seconds_after_fault(run):
     fired = re.search(r"\[hpctrain\] fault .* fires on rank \d+: .* \(t=([\d.]+)\)", run.output)
     assert fired, run.output
     return run.ended - float(fired.group(1))
+
+
+def assert_ended_by(run, fault, *, np, within):
+    """``run`` ended non-zero within ``within`` s of ``fault`` (``POINT@RANK[#N]``) firing,
+    with the failing rank's traceback, and, for a job of ``np`` ranks, the rank named (a
+    process that is no MPI job, ``np=None``, names no world size)."""
+    point, rank = fault.split("@")[0], int(fault.split("@")[1].split("#")[0])
+    assert run.returncode != 0, run.output
+    if np is not None:
+        assert f"[hpctrain] rank {rank} of {np} on" in run.output, run.output
+    assert "Traceback (most recent call last)" in run.output, run.output
+    assert f"InjectedFault: injected fault at '{point}' on rank {rank}" in run.output, run.output
+    assert seconds_after_fault(run) < within, run.output
 
 
 @pytest.fixture

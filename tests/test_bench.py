@@ -29,7 +29,9 @@ def test_parse_size_rejects_garbage_with_the_valid_form(text):
 def test_size_range_like_nccl_tests():
     assert size_range(8, 64, 2) == [8, 16, 32, 64]
     assert size_range(8, 100, 4) == [8, 32]
-    assert size_range(0, 8, 2) == [0]
+    assert size_range(0, 0, 2) == [0]
+    with pytest.raises(UsageError, match="cannot start at 0 B"):
+        size_range(0, 8, 2)
     assert size_range(64, 64, 1) == [64]
     with pytest.raises(UsageError, match="-b > -e"):
         size_range(64, 8, 2)

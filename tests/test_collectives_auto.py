@@ -44,16 +44,6 @@ def test_a_degenerate_fit_falls_back_to_the_ping_pong_parameters():
     assert auto.Profile.from_dict(no_gamma).alpha == 5e-6
 
 
-def test_auto_and_study_predict_read_a_profile_alike():
-    from hpctrain.study import costmodel
-
-    for fitted in ({"alpha": 0.0, "beta": 0.0, "gamma": 0.0}, PARAMS["fitted"]):
-        data = {**PARAMS, "fitted": fitted}
-        profile = auto.Profile.from_dict(data)
-        assert costmodel.params_of(data) == \
-            costmodel.Params(profile.alpha, profile.beta, profile.gamma)
-
-
 def test_measured_best_skips_horovod_auto_and_wrong_rows():
     rows = [{"np": 2, "size": 8, "algo": "ring", "time_median_us": 9.0, "wrong": 0},
             {"np": 2, "size": 8, "algo": "horovod", "time_median_us": 1.0, "wrong": 0},

@@ -6,15 +6,12 @@ on the time from the fault to the end of the job are the promises of docs/reliab
 import csv
 import math
 import random
-import re
-import subprocess
 import sys
-import time
 
 import pytest
 import torch
 
-from conftest import REPO, Launch, launch
+from conftest import assert_ended_by, launch, run_bounded, seconds_after_fault
 from hpctrain import faults
 from hpctrain.launch import launch_environment
 from hpctrain.data import synthetic
@@ -40,26 +37,6 @@ def train_cmd(data_file):
                 "--epochs=2", "--batch-size=4", "--allreduce=ring", "--progress=never",
                 "--warmup-epochs=1", f"--run-dir={run_dir}", *options]
     return command
-
-
-def after_fault(run):
-    """Seconds from the (first) injected fault to the end of the job: the job's reaction,
-    without its start-up, which on a loaded 2-core machine alone can take 10 s."""
-    fired = re.search(r"\[hpctrain\] fault .* fires on rank \d+: .* \(t=([\d.]+)\)", run.output)
-    assert fired, run.output
-    return run.ended - float(fired.group(1))
-
-
-def assert_ended_by(run, fault, np=NP):
-    """``run`` ended non-zero within FAIL_WITHIN of ``fault`` (``POINT@RANK[#N]``) firing,
-    with the failing rank's traceback."""
-    point, rank = fault.split("@")[0], int(fault.split("@")[1].split("#")[0])
-    assert run.returncode != 0, run.output
-    if np > 1:
-        assert f"[hpctrain] rank {rank} of {np} on" in run.output, run.output
-    assert "Traceback (most recent call last)" in run.output, run.output
-    assert f"InjectedFault: injected fault at '{point}' on rank {rank}" in run.output, run.output
-    assert after_fault(run) < FAIL_WITHIN, run.output
 
 
 # --- the fault specification ------------------------------------------------------------------
@@ -94,7 +71,7 @@ def test_a_rank_that_raises_ends_the_job(mpirun, train_cmd, tmp_path, fault, opt
     run_dir = tmp_path / "run"
     run = mpirun(NP, train_cmd(run_dir, *options), timeout=HANG, env={faults.ENV: fault})
     rank = int(fault.split("@")[1][0])
-    assert_ended_by(run, fault)
+    assert_ended_by(run, fault, np=NP, within=FAIL_WITHIN)
     assert "\nepoch   2/2" not in run.output
     if "checkpoint" in fault:
         # Rank 0 failing while writing the second checkpoint (step 4) leaves the first one
@@ -112,7 +89,7 @@ def test_a_bench_rank_that_raises_ends_the_job(mpirun, hpctrain_cmd, fault):
     run = mpirun(NP, [*hpctrain_cmd, "bench", "allreduce", "-b", "8", "-e", "1K", "-f", "4",
                       "-n", "4", "-w", "1", "--algos=ring,tree"], timeout=HANG,
                  env={faults.ENV: fault})
-    assert_ended_by(run, fault)
+    assert_ended_by(run, fault, np=NP, within=FAIL_WITHIN)
     assert "# Avg bus bandwidth" not in run.output, "the benchmark went on to its end"
 
 
@@ -120,13 +97,9 @@ def test_a_bench_rank_that_raises_ends_the_job(mpirun, hpctrain_cmd, fault):
                                    ["predict", "--link=100gbit"]], ids=lambda s: s[0])
 def test_a_study_that_raises_ends_with_its_traceback(hpctrain_cmd, tmp_path, study):
     # A study is one process (it refuses to run under mpirun): no MPI_Abort to wait for.
-    argv = [*hpctrain_cmd, "study", *study, f"--out={tmp_path / 'out'}"]
-    start = time.monotonic()
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=HANG, cwd=REPO,
-                          env={**launch_environment(), faults.ENV: "study.start@0"})
-    run = Launch(argv, done.returncode, done.stdout + done.stderr, time.monotonic() - start,
-                 time.time())
-    assert_ended_by(run, "study.start@0", np=1)
+    run = run_bounded([*hpctrain_cmd, "study", *study, f"--out={tmp_path / 'out'}"],
+                      timeout=HANG, env={**launch_environment(), faults.ENV: "study.start@0"})
+    assert_ended_by(run, "study.start@0", np=None, within=FAIL_WITHIN)
     assert not (tmp_path / "out").exists(), "the study started although it failed"
 
 
@@ -136,7 +109,7 @@ def test_a_failure_while_writing_data_leaves_no_file(mpirun, hpctrain_cmd, tmp_p
                       f"--out={out}"], timeout=HANG, env={faults.ENV: "data.write@0"})
     assert run.returncode != 0
     assert "InjectedFault: injected fault at 'data.write' on rank 0" in run.output
-    assert after_fault(run) < FAIL_WITHIN
+    assert seconds_after_fault(run) < FAIL_WITHIN
     assert list(tmp_path.iterdir()) == [], "a half-written data file was left behind"
 
 
@@ -164,7 +137,7 @@ def test_a_killed_rank_ends_the_job_naming_it(killed):
     assert broken.returncode != 0, broken.output
     assert f"process rank {KILL_RANK} with PID" in broken.output, broken.output
     assert "exited on signal 9 (Killed)" in broken.output
-    assert after_fault(broken) < KILL_WITHIN
+    assert seconds_after_fault(broken) < KILL_WITHIN
 
 
 def test_the_last_checkpoint_before_the_kill_is_intact(killed):
@@ -201,7 +174,7 @@ def test_a_stalled_rank_is_named_then_the_job_aborts(mpirun, train_cmd, tmp_path
     abort = "for rank(s) [1], which have not reached it; aborting (stall timeout 3 s)"
     assert warning in run.output and abort in run.output, run.output
     assert run.output.index(warning) < run.output.index(abort)
-    assert after_fault(run) < KILL_WITHIN, run.output  # the 3 s stall timeout, then abort
+    assert seconds_after_fault(run) < KILL_WITHIN, run.output  # the 3 s stall timeout, then abort
 
 
 def test_a_short_stall_is_named_and_the_run_goes_on(mpirun, train_cmd, tmp_path):
@@ -226,7 +199,7 @@ def test_a_non_finite_step_stops_every_rank(mpirun, train_cmd, tmp_path, fault, 
     run = mpirun(NP, train_cmd(tmp_path / "run"), timeout=HANG, env={faults.ENV: fault})
     assert run.returncode != 0
     assert f"NonFiniteError: {message}" in run.output, run.output
-    assert after_fault(run) < FAIL_WITHIN, run.output
+    assert seconds_after_fault(run) < FAIL_WITHIN, run.output
 
 
 @pytest.mark.parametrize("value", ["nan", "inf"])
@@ -255,4 +228,4 @@ def test_a_diverged_replica_is_an_error_naming_it(mpirun, train_cmd, tmp_path):
     assert run.returncode != 0
     assert ("model replicas differ at step 4 (--check-consistency 2): ranks [1] do not hold "
             "rank 0's weights") in run.output, run.output
-    assert after_fault(run) < FAIL_WITHIN
+    assert seconds_after_fault(run) < FAIL_WITHIN

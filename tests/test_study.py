@@ -13,7 +13,7 @@ import pytest
 
 from hpctrain.errors import UsageError
 from hpctrain.study import allreduce, costmodel, plots, predict
-from hpctrain.study.allreduce import describe_crossover, measured_crossover
+from hpctrain.study.allreduce import describe_crossover, measured_ring_wins
 from hpctrain.study.predict import prediction_table
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -66,8 +66,13 @@ def test_fit_never_returns_negative_parameters():
     assert min(fitted.alpha, fitted.beta, fitted.gamma) >= 0
 
 
+def measured_crossover(rows, ranks, other):
+    return costmodel.crossover_size(*measured_ring_wins(rows, ranks, other))
+
+
 def test_crossover_predicted_and_measured():
-    size = costmodel.crossover("tree", 16, PARAMS)
+    sizes = costmodel.powers_of_two()
+    size = costmodel.crossover_size(sizes, costmodel.ring_wins("tree", 16, PARAMS, sizes))
     assert size is not None
     assert costmodel.predict("ring", size, 16, PARAMS) <= costmodel.predict("tree", size, 16,
                                                                             PARAMS)
@@ -98,14 +103,7 @@ def test_crossover_is_where_the_ring_stops_losing_for_good_measured_and_predicte
     sizes = costmodel.powers_of_two(8, 1 << 20)
     wins = costmodel.ring_wins("butterfly", 4, params, sizes)
     assert wins[sizes.index(4096)] and wins[sizes.index(32768)] and not wins[-1]
-    assert costmodel.crossover("butterfly", 4, params, sizes) is None
-    # The measured rule on the model's own times gives the same answer at every p.
-    for p in (3, 4, 5, 8):
-        rows = _rows(p, "butterfly", sizes,
-                     [costmodel.predict("ring", n, p, params) for n in sizes],
-                     [costmodel.predict("butterfly", n, p, params) for n in sizes])
-        assert measured_crossover(rows, p, "butterfly") == \
-            costmodel.crossover("butterfly", p, params, sizes)
+    assert costmodel.crossover_size(sizes, wins) is None
 
 
 def test_the_summary_tells_always_from_never():
@@ -128,16 +126,25 @@ def _synthetic(scale_over=1.0, algos=("ring", "tree", "butterfly", "ps")):
 
 def test_fit_leaves_out_oversubscribed_points_when_the_others_suffice():
     points = _synthetic(scale_over=5.0)   # ranks taking turns on 2 cores: 5x slower
-    assert allreduce.ranks_to_fit(points, cores=2) == [2]
+    assert allreduce.fit_plan(points, cores=2) == ([2], True)
     fitted = costmodel.fit([pt for pt in points if pt[2] == 2])
     assert (fitted.alpha, fitted.beta, fitted.gamma) == \
         pytest.approx((PARAMS.alpha, PARAMS.beta, PARAMS.gamma), rel=1e-6)
-    # The ring alone never separates β from γ (its bytes sent are always twice its bytes
-    # reduced): then every point is fitted, and the note says so.
-    ring_only = _synthetic(algos=("ring",))
-    assert not costmodel.determined([pt for pt in ring_only if pt[2] == 2])
-    assert allreduce.ranks_to_fit(ring_only, cores=2) == [2, 3]
-    assert allreduce.ranks_to_fit(points, cores=4) == [2, 3]
+    assert allreduce.fit_plan(points, cores=4) == ([2, 3], True)
+
+
+def test_points_that_cannot_separate_beta_from_gamma_keep_the_measured_gamma():
+    # Ring and parameter server send twice the bytes they reduce at every p: no choice of
+    # rank counts separates β from γ, and a free fit would split 2β + γ arbitrarily.
+    both = _synthetic(algos=("ring", "ps"))
+    assert not costmodel.determined(both)
+    assert allreduce.fit_plan(both, cores=2) == ([2], False)
+    fitted = costmodel.fit([pt for pt in both if pt[2] == 2], gamma=PARAMS.gamma)
+    assert (fitted.alpha, fitted.beta, fitted.gamma) == \
+        pytest.approx((PARAMS.alpha, PARAMS.beta, PARAMS.gamma), rel=1e-6)
+    rows = [{"np": p, "size": n, "algo": a} for a, n, p, _ in both]
+    assert allreduce.fit_note(rows, [2], cores=2, all_three=False).startswith(
+        "α and β fitted to the 8 measured points at p = 2; γ is the local add's, measured")
 
 
 def test_the_summary_says_which_points_were_fitted():
@@ -198,8 +205,6 @@ def test_predict_writes_both_plots_and_falls_back_like_auto(tmp_path, capsys):
                                                  "gamma": 5e-11}}))
     params, note = predict.load_params(_predict_args(tmp_path, params=str(profile)))
     assert params == costmodel.Params(1e-6, 1e-10, 5e-11) and "p2p prior" in note
-    from hpctrain.collectives import auto
-    assert auto.Profile.from_dict(json.loads(profile.read_text())).alpha == params.alpha
     assert predict.run(_predict_args(tmp_path, params=str(profile))) == 0
     for name in ("prediction.png", "prediction_time.png"):
         assert (tmp_path / name).read_bytes()[:8] == PNG

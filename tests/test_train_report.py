@@ -78,9 +78,7 @@ def train_cmd(tmp_path_factory):
 @pytest.mark.parametrize("exported, drawn", [({PROGRESS_TTY: "1"}, True), ({}, False)],
                          ids=["launcher-on-a-terminal", "plain-mpirun"])
 def test_the_main_job_draws_a_bar_per_epoch_when_the_launcher_says_so(
-        mpirun, train_cmd, tmp_path, monkeypatch, exported, drawn):
-    # Only the variable given here reaches the ranks, not one of the shell running the tests.
-    monkeypatch.delenv(PROGRESS_TTY, raising=False)
+        mpirun, train_cmd, tmp_path, exported, drawn):
     run = mpirun(2, [*train_cmd, f"--run-dir={tmp_path}"], timeout=120, env=exported)
     assert run.returncode == 0, run.output
     if drawn:

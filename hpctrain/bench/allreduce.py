@@ -14,7 +14,6 @@ argument-agreement check off, so the times are the algorithms' own; the correctn
 (``-c 1``) runs with the check on, on small integers whose sum is exact in every dtype and in any order, and counts wrong elements.
 """
 
-import math
 import sys
 
 import numpy as np
@@ -171,8 +170,8 @@ def measure(buf, algos, args, comm, reference=False):
     return [_row(buf, name, np.array(times[name]), args, comm) for name in names]
 
 
-#: The name of the reference row: one bare Sendrecv per rank pair.
-SENDRECV = "sendrecv"
+#: The name of the reference row (one bare Sendrecv per rank pair), and its messages' tag.
+SENDRECV, SENDRECV_TAG = "sendrecv", 7
 
 
 def _allreduce_call(buf, algo, op, comm):
@@ -181,21 +180,17 @@ def _allreduce_call(buf, algo, op, comm):
 
 
 def sendrecv_call(buf, comm):
-    """A call that swaps ``buf`` with a partner (``rank ^ 1``) in one mpi4py ``Sendrecv``,
-    on a private duplicate of ``comm``; the last rank of an odd count has no partner and
-    sends to itself. The same kind of call as the collectives' own messages, timed by the
-    same loop: the point-to-point floor of a small allreduce."""
-    private = comm.Dup()
+    """A call that swaps ``buf`` with a partner (``rank ^ 1``) in one mpi4py ``Sendrecv``;
+    the last rank of an odd count has no partner and sends to itself. The same kind of call
+    as the collectives' own messages, timed by the same loop: the point-to-point floor of a
+    small allreduce. On ``comm`` itself: the collectives run on their own duplicate, and
+    nothing else is in flight here."""
     peer = comm.rank ^ 1 if comm.rank ^ 1 < comm.size else comm.rank
-    flat = buf.reshape(-1)
-    if buf.is_cuda:
-        _sync(buf)
-    else:
-        flat = flat.numpy() if not buf.is_floating_point() or buf.element_size() > 2 \
-            else flat.view(torch.int16).numpy()
+    flat = collectives.base.flatten(buf)[0]   # the transport view the collectives send
+    _sync(buf)
     received = flat.clone() if buf.is_cuda else flat.copy()
-    sendrecv = private.Sendrecv
-    return lambda: sendrecv(flat, peer, 0, received, peer, 0)
+    sendrecv = comm.Sendrecv
+    return lambda: sendrecv(flat, peer, SENDRECV_TAG, received, peer, SENDRECV_TAG)
 
 
 def reference_lines(rows, reference, ranks):
@@ -204,7 +199,7 @@ def reference_lines(rows, reference, ranks):
 
     Medians (the slowest rank's median call), not means: at a few microseconds a mean is
     decided by the few calls that lost their core to another process."""
-    steps = max(1, math.ceil(math.log2(ranks))) if ranks > 1 else 1
+    steps = max(1, (ranks - 1).bit_length())   # ceil(lg p), and 1 for p = 1
     one = reference["time_median_us"]
     floor_us = steps * one
     size = reference["size"]

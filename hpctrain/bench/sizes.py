@@ -21,6 +21,10 @@ def size_range(begin, end, factor):
         raise UsageError(f"minimum size {begin} B is larger than the maximum {end} B (-b > -e)")
     if factor < 2 and begin != end:
         raise UsageError(f"size factor must be >= 2, got {factor} (-f)")
+    if begin == 0 < end:
+        # 0 times any factor stays 0: the sweep would silently be the one empty message.
+        raise UsageError(f"a sweep cannot start at 0 B (0 x {factor} stays 0): start at 1 B "
+                         f"or more (-b), or give -b 0 -e 0 for the empty message alone")
     sizes, size = [], begin
     while size <= end:
         sizes.append(size)

@@ -114,21 +114,10 @@ class Butterfly(Algorithm):
             return recursive_doubling
         peer = peers[0]
 
-        def swap_and_add(flat):   # p = 2: no loop
+        def swap_and_add(flat):   # p = 2: no loop (a buffer reduced again: bind_buffer)
             sendrecv([flat, datatype], peer, tag, received, peer, tag)
             reduce(flat, incoming)
-
-        def swap_and_add_one(flat):   # p = 2, one float summed: add_few, inlined
-            sendrecv([flat, datatype], peer, tag, received, peer, tag)
-            flat[0] = flat.item(0) + incoming.item(0)
-
-        def swap_and_add_two(flat):   # p = 2, two floats summed: add_few, inlined
-            sendrecv([flat, datatype], peer, tag, received, peer, tag)
-            flat[0] = flat.item(0) + incoming.item(0)
-            flat[1] = flat.item(1) + incoming.item(1)
-        if reduce is not add_few:
-            return swap_and_add
-        return swap_and_add_one if plan.count == 1 else swap_and_add_two
+        return swap_and_add
 
     def bind_buffer(self, comm, plan, flat, run):
         sched = plan.schedule

@@ -65,13 +65,17 @@ def run(args):
             (repeat if i else rows).extend({**row, "np": p, "oversubscribed": int(p > cores)}
                                            for row in result["rows"])
     points = [(r["algo"], r["size"], r["np"], r["time_median_us"] * 1e-6) for r in rows]
-    fit_ranks = ranks_to_fit(points, cores)
-    fitted = costmodel.fit([pt for pt in points if pt[2] in fit_ranks])
+    fit_ranks, all_three = fit_plan(points, cores)
+    # Points that cannot separate β from γ (every algorithm measured sends as many bytes as
+    # it reduces, times two, say) keep γ at the local add's measured value.
+    fitted = costmodel.fit([pt for pt in points if pt[2] in fit_ranks],
+                           gamma=None if all_three else prior.gamma)
     for row in rows + repeat:
         row["model_us"] = (costmodel.predict(row["algo"], row["size"], row["np"], fitted) * 1e6
                            if row["algo"] in costmodel.MODELLED else float("nan"))
     scale = prediction_table(fitted)
-    write_outputs(args.out, p2p, rows, repeat, prior, fitted, fit_ranks, scale, cores, ranks)
+    write_outputs(args.out, p2p, rows, repeat, prior, fitted, fit_ranks, all_three, scale,
+                  cores, ranks)
     if repeat:
         say(auto_verdict(auto_points(rows, repeat)))
     wrong = sum(max(r["wrong"], 0) for r in rows + repeat)
@@ -79,14 +83,19 @@ def run(args):
     return 1 if wrong else 0
 
 
-def ranks_to_fit(points, cores):
-    """The rank counts whose points the fit uses: those with no more ranks than ``cores``
-    when their points determine α, β and γ, otherwise every rank count."""
+def fit_plan(points, cores):
+    """``(rank counts, all_three)``: the rank counts whose points the fit uses, and whether
+    those points determine α, β and γ together (else γ is not fitted).
+
+    The rank counts with no more ranks than ``cores`` when their points determine all three;
+    else every rank count when those do; else the ones within the cores again (every one if
+    none is), fitted for α and β only."""
     ranks = sorted({p for _, _, p, _ in points})
-    inside = [p for p in ranks if p <= cores]
-    if costmodel.determined([pt for pt in points if pt[2] in inside]):
-        return inside
-    return ranks
+    inside = [p for p in ranks if p <= cores and p > 1] or ranks
+    for subset in (inside, ranks):
+        if costmodel.determined([pt for pt in points if pt[2] in subset]):
+            return subset, True
+    return inside, False
 
 
 def measure_gamma(nbytes, repeats=5):
@@ -101,7 +110,8 @@ def measure_gamma(nbytes, repeats=5):
     return best / (count * 4)
 
 
-def write_outputs(out, p2p, rows, repeat, prior, fitted, fit_ranks, scale, cores, ranks):
+def write_outputs(out, p2p, rows, repeat, prior, fitted, fit_ranks, all_three, scale, cores,
+                  ranks):
     """study.h5, params.json, the plots and summary.md."""
     env = report.environment()
     report.write_hdf5(os.path.join(out, "study.h5"), "allreduce", rows,
@@ -110,7 +120,7 @@ def write_outputs(out, p2p, rows, repeat, prior, fitted, fit_ranks, scale, cores
     _add_tables(os.path.join(out, "study.h5"), p2p["rows"], scale, repeat)
     report.write_json(os.path.join(out, "params.json"),
                       {"fitted": fitted.as_dict(), "p2p_prior": prior.as_dict(),
-                       "fit_ranks": fit_ranks,
+                       "fit_ranks": fit_ranks, "gamma_fitted": all_three,
                        "switch_bytes": costmodel.DEFAULT_SWITCH_BYTES, "cores": cores,
                        "measured_best": auto.measured_best(rows)})
     for p in ranks:
@@ -124,7 +134,7 @@ def write_outputs(out, p2p, rows, repeat, prior, fitted, fit_ranks, scale, cores
     plots.prediction(scale, os.path.join(out, "prediction_time.png"), title.format("time"),
                      "time_us")
     with open(os.path.join(out, "summary.md"), "w") as f:
-        f.write(summary(rows, repeat, prior, fitted, fit_ranks, scale, cores, env))
+        f.write(summary(rows, repeat, prior, fitted, fit_ranks, all_three, scale, cores, env))
 
 
 def _add_tables(path, p2p_rows, scale, repeat):
@@ -137,7 +147,7 @@ def _add_tables(path, p2p_rows, scale, repeat):
             f.create_dataset("allreduce_repeat", data=report._structured(repeat))
 
 
-def summary(rows, repeat, prior, fitted, fit_ranks, scale, cores, env):
+def summary(rows, repeat, prior, fitted, fit_ranks, all_three, scale, cores, env):
     """The report's markdown: set-up, parameters, model error, crossovers, auto, prediction."""
     lines = ["# Allreduce scaling study", "",
              *machine_lines(cores, env, sorted({r["np"] for r in rows})), "",
@@ -147,7 +157,7 @@ def summary(rows, repeat, prior, fitted, fit_ranks, scale, cores, env):
         inverse = f"{1 / params.beta / 1e9:.2f}" if params.beta > 0 else "∞"
         lines.append(f"| {name} | {params.alpha * 1e6:.2f} | {params.beta * 1e9:.4f} | "
                      f"{inverse} | {params.gamma * 1e9:.4f} |")
-    lines += ["", fit_note(rows, fit_ranks, cores), "",
+    lines += ["", fit_note(rows, fit_ranks, cores, all_three), "",
               "## Model error on every measured point (fitted parameters)", "",
               _error_summary(rows, prior, fitted, fit_ranks), "", _point_table(rows, fit_ranks),
               "", "## Crossovers: the size from which on the ring is never slower than tree "
@@ -159,12 +169,17 @@ def summary(rows, repeat, prior, fitted, fit_ranks, scale, cores, env):
     return "\n".join(lines)
 
 
-def fit_note(rows, fit_ranks, cores):
+def fit_note(rows, fit_ranks, cores, all_three=True):
     """Which points α, β, γ were fitted to, and why."""
     modelled = [r for r in rows if r["algo"] in costmodel.MODELLED and r["algo"] != "mpi"]
     used = sum(r["np"] in fit_ranks for r in modelled)
     over = sorted({r["np"] for r in rows if r["np"] > cores})
     ranks = ", ".join(map(str, fit_ranks))
+    if not all_three:
+        return (f"α and β fitted to the {used} measured points at p = {ranks}; γ is the local "
+                f"add's, measured: these points cannot tell the time spent reducing from the "
+                f"time spent sending (every algorithm measured sends the same multiple of "
+                f"the bytes it reduces), so only a sum of β and γ could be fitted.")
     if not any(p > cores for p in fit_ranks):
         left = f"; the oversubscribed points (p = {', '.join(map(str, over))}, marked *) " \
                "are left out of the fit, and their errors are shown apart" if over else ""
@@ -240,12 +255,6 @@ def measured_ring_wins(rows, ranks, other):
             times.setdefault(r["size"], {})[r["algo"]] = r["time_median_us"]
     sizes = sorted(s for s, t in times.items() if len(t) == 2)
     return sizes, [times[s]["ring"] <= times[s][other] for s in sizes]
-
-
-def measured_crossover(rows, ranks, other):
-    """The measured size from which on the ring is never slower than ``other``
-    (:func:`costmodel.crossover_size`, the rule of the predicted crossover)."""
-    return costmodel.crossover_size(*measured_ring_wins(rows, ranks, other))
 
 
 def describe_crossover(sizes, wins):

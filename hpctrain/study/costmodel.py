@@ -93,26 +93,33 @@ def predict(algo, nbytes, ranks, params, **options):
     return a * params.alpha + b * params.beta + c * params.gamma
 
 
-def fit(points, **options):
+def fit(points, gamma=None, **options):
     """Least-squares ``Params`` from ``points`` = [(algo, nbytes, ranks, seconds), ...].
 
     Relative residuals (each row divided by its time), so that 8-byte and 64 MiB points count
     alike; non-negative by trying every subset of free parameters and keeping the best
-    feasible solution (exact non-negative least squares for three unknowns).
+    feasible solution (exact non-negative least squares for three unknowns). With ``gamma``
+    given, γ is held at that value and only α and β are fitted: for points that do not
+    determine all three (see :func:`determined`).
     """
     rows, times = _design(points, **options)
     if len(rows) < 3:
         raise ValueError(f"need at least 3 measured multi-rank points to fit, got {len(rows)}")
     design = np.array(rows) / np.array(times)[:, None]
     target = np.ones(len(times))
+    unknowns = range(3)
+    if gamma is not None:
+        target, unknowns = target - design[:, 2] * gamma, range(2)
     best, best_err = np.zeros(3), float("inf")
-    for size in (3, 2, 1):
-        for free in itertools.combinations(range(3), size):
+    for size in range(len(unknowns), 0, -1):
+        for free in itertools.combinations(unknowns, size):
             x = np.zeros(3)
             x[list(free)] = np.linalg.lstsq(design[:, free], target, rcond=None)[0]
             err = float(np.sum((design @ x - target) ** 2))
             if (x >= 0).all() and err < best_err:
                 best, best_err = x, err
+    if gamma is not None:
+        best[2] = gamma
     return Params(*map(float, best))
 
 
@@ -164,15 +171,6 @@ def crossover_size(sizes, wins):
     while start > 0 and wins[start - 1]:
         start -= 1
     return sizes[start] if start < len(sizes) else None
-
-
-def crossover(algo, ranks, params, sizes=None, **options):
-    """The size from which on the ring is predicted never slower than ``algo``.
-
-    Over ``sizes`` (default: the powers of two from 8 B to 1 GiB), by :func:`crossover_size`.
-    """
-    sizes = powers_of_two() if sizes is None else sorted(sizes)
-    return crossover_size(sizes, ring_wins(algo, ranks, params, sizes, **options))
 
 
 def params_of(profile):

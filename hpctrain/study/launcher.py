@@ -6,18 +6,19 @@ that the job's rank 0 writes. Every launch has a time limit.
 
 import os
 import shlex
-import subprocess
 import sys
 
 from ..errors import UsageError
-from ..launch import launch_environment, mpirun_command
+from ..launch import launch_environment, mpirun_command, run_bounded
 
 
 def command(launcher, ranks, argv):
     """The argv that starts ``argv`` on ``ranks`` ranks with ``launcher``.
 
-    ``local``: this machine's mpirun (root and oversubscription flags added as needed);
-    ``srun``: ``srun --mpi=pmix --kill-on-bad-exit=1 -N K -n N`` inside a Slurm allocation (K: :func:`srun_nodes`);
+    ``local``: this machine's mpirun with the flags of :func:`hpctrain.launch.mpirun_command`
+    (``--allow-run-as-root`` as root, ``--oversubscribe``, ``--bind-to none``);
+    ``srun``: ``srun --mpi=pmix --kill-on-bad-exit=1 -N K -n N`` inside a Slurm allocation
+    (K: :func:`srun_nodes`);
     anything else is a command prefix that takes ``-np N`` (for example
     ``scripts/vcluster mpirun``).
     """
@@ -26,7 +27,8 @@ def command(launcher, ranks, argv):
     if launcher == "srun":
         if "SLURM_JOB_ID" not in os.environ:
             raise UsageError("--launcher srun needs a Slurm allocation (salloc or sbatch)")
-        return ["srun", "--mpi=pmix", "--kill-on-bad-exit=1", *srun_nodes(ranks), "-n", str(ranks), *argv]
+        return ["srun", "--mpi=pmix", "--kill-on-bad-exit=1", *srun_nodes(ranks),
+                "-n", str(ranks), *argv]
     return [*shlex.split(launcher), "-np", str(ranks), *argv]
 
 
@@ -42,13 +44,12 @@ def srun_nodes(ranks, environ=None):
 
 
 def run(launcher, ranks, argv, timeout):
-    """Run one launch; raise ``RuntimeError`` with its output if it fails or hangs."""
+    """Run one launch and return its stdout; raise ``RuntimeError`` with its output if it
+    fails, or ``hpctrain.launch.LaunchHung`` (a ``RuntimeError``) if it hangs."""
     full = command(launcher, ranks, argv)
-    try:
-        done = subprocess.run(full, capture_output=True, text=True, timeout=timeout,
-                              env=launch_environment(), start_new_session=True)
-    except subprocess.TimeoutExpired as exc:
-        raise RuntimeError(f"`{shlex.join(full)}` did not finish within {timeout} s") from exc
+    # On a hang, run_bounded kills the launch with its ranks: Open MPI gives each local rank
+    # a process group of its own, which outlives a killed mpirun.
+    done = run_bounded(full, timeout, env=launch_environment(), merge_stderr=False)
     if done.returncode != 0:
         raise RuntimeError(f"`{shlex.join(full)}` exited with {done.returncode}:\n"
                            f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")

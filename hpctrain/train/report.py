@@ -10,6 +10,9 @@ import sys
 import time
 
 from ..data.atomic import atomic_path
+# Set to 1 by our local launcher (python -m hpctrain.launch, behind scripts/mpirun and
+# scripts/run) for every rank when the launcher's own stdout is a terminal.
+from ..launch import PROGRESS_TTY
 
 #: Columns of ``metrics.csv``, one row per epoch (times in seconds, means over ranks).
 COLUMNS = ("epoch", "steps", "step", "lr", "train_loss", "train_acc", "val_loss", "val_acc",
@@ -56,11 +59,6 @@ class Progress:
             self._draw("")
             self.stream.write("\r")
             self.stream.flush()
-
-
-#: Set to ``1`` by our local launcher (``python -m hpctrain.launch``, behind scripts/mpirun and
-#: scripts/run) for every rank when the launcher's own stdout is a terminal.
-PROGRESS_TTY = "HPCTRAIN_PROGRESS_TTY"
 
 
 def progress_enabled(mode, rank, stream=None, environ=None):

@@ -3,10 +3,13 @@ rank's GPU, the collective assertion and the fixtures (a module imports the fixt
 uses). Not a conftest.py: a second module named ``conftest`` would shadow tests/conftest.py
 for the tests that import from it."""
 
+from functools import partial
+
 import pytest
 import torch
 from mpi4py import MPI
 
+import conftest
 from hpctrain.data import synthetic
 from hpctrain.devices import node_local_rank
 from hpctrain.train import TrainConfig
@@ -29,12 +32,8 @@ def rank_device():
     return torch.device("cuda", node_local_rank(COMM) % torch.cuda.device_count())
 
 
-def all_ranks(ok, failures=()):
-    """Assert, on every rank alike, that ``ok`` holds on every rank; the message lists the
-    failures of all ranks. A rank failing alone would leave the others waiting."""
-    everyone = COMM.allgather((bool(ok), [str(f) for f in failures][:10]))
-    lines = [f"rank {rank}: {f}" for rank, (_, fails) in enumerate(everyone) for f in fails]
-    assert all(good for good, _ in everyone), "\n".join(lines) or "failed on some rank"
+#: ``all_ranks(ok, failures=())``: tests/conftest.py's collective assertion, over ``COMM``.
+all_ranks = partial(conftest.all_ranks, COMM)
 
 
 def horovod_gpu_missing():

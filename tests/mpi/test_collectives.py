@@ -10,6 +10,7 @@ next collective.
 import sys
 import traceback
 import tracemalloc
+from functools import partial
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from mpi4py import MPI
 
+from conftest import all_ranks
 from hpctrain.collectives import (ALGORITHMS, DTYPES, OPS, MismatchError, allreduce,
                                   allreduce_fused, available, context)
 from hpctrain.errors import UsageError
@@ -34,11 +36,7 @@ HOROVOD = "horovod" in available()
 BIG_BYTES = 1 << 20
 
 
-def _all_ranks(ok, failures=()):
-    """True on every rank iff ``ok`` on every rank; the failures of all ranks in the message."""
-    everyone = COMM.allgather((bool(ok), list(failures)[:10]))
-    lines = [f"rank {rank}: {f}" for rank, (_, fails) in enumerate(everyone) for f in fails]
-    assert all(good for good, _ in everyone), "\n".join(lines) or "failed on some rank"
+_all_ranks = partial(all_ranks, COMM)
 
 
 def variants(algo, size=SIZE):

@@ -2,28 +2,30 @@
 
 import numpy as np
 import pytest
-from mpi4py import MPI
 
+from conftest import all_ranks
 from hpctrain import info, runtime
 
 pytestmark = pytest.mark.mpi
 
 
 def test_launcher_rank_matches_mpi(comm):
-    assert comm.allreduce(runtime.launcher_rank() == comm.rank, op=MPI.LAND)
+    launcher_rank = runtime.launcher_rank()
+    all_ranks(comm, launcher_rank == comm.rank, [f"launcher rank {launcher_rank}"])
 
 
 def test_describe_rank_gathers_one_entry_per_rank(comm):
     ranks = comm.gather(info.describe_rank(comm), root=0)
     ok = ranks is None or [r["rank"] for r in ranks] == list(range(comm.size))
-    assert comm.allreduce(ok, op=MPI.LAND)
+    all_ranks(comm, ok, [] if ok else [f"gathered ranks {[r['rank'] for r in ranks]}"])
 
 
 def test_mpi4py_allreduce_of_rank_numbers(comm):
     buf = np.full(5, comm.rank, dtype=np.int64)
     out = np.empty_like(buf)
     comm.Allreduce(buf, out)
-    assert comm.allreduce(bool((out == comm.size * (comm.size - 1) // 2).all()), op=MPI.LAND)
+    ok = bool((out == comm.size * (comm.size - 1) // 2).all())
+    all_ranks(comm, ok, [] if ok else [f"Allreduce gave {out.tolist()}"])
 
 
 def test_horovod_runs_over_the_same_world(comm):
@@ -41,7 +43,5 @@ def test_horovod_runs_over_the_same_world(comm):
     total = hvd.allreduce(torch.tensor([float(comm.rank), 1.0]), op=hvd.Sum, name="ranks")
     if total.tolist() != [comm.size * (comm.size - 1) / 2, float(comm.size)]:
         failures.append(f"allreduce gave {total.tolist()}")
-    everyone = comm.allgather(failures)
-    assert not any(everyone), "; ".join(f"rank {rank}: {', '.join(fails)}"
-                                        for rank, fails in enumerate(everyone) if fails)
+    all_ranks(comm, not failures, failures)
 
