@@ -3,11 +3,20 @@
 
 def node_local_rank(comm):
     """This rank's index among the ranks of ``comm`` on its node (collective over ``comm``)."""
+    return _on_node(comm, lambda local: local.Get_rank())
+
+
+def ranks_on_node(comm):
+    """How many ranks of ``comm`` share this rank's node (collective over ``comm``)."""
+    return _on_node(comm, lambda local: local.Get_size())
+
+
+def _on_node(comm, ask):
     from mpi4py import MPI
 
     local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
     try:
-        return local.Get_rank()
+        return ask(local)
     finally:
         local.Free()
 

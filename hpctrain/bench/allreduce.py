@@ -19,7 +19,7 @@ import sys
 import numpy as np
 import torch
 
-from .. import collectives, faults
+from .. import collectives, faults, gpu_checks, mpi_support
 from ..devices import rank_device
 from ..errors import UsageError
 from . import report
@@ -46,11 +46,20 @@ def run(args, comm):
     counts = sorted({size // itemsize for size in size_range(args.minbytes, args.maxbytes,
                                                              args.stepfactor)})
     device = rank_device(args.device, comm)   # collective: one GPU per node-local rank
+    algos, left_out = horovod_on_device(algos, args, comm)     # collective with cuda
+    # Asked once, before any device buffer reaches mpi4py: an MPI that cannot read device
+    # memory crashes on it (a segmentation fault, not an exception).
+    awareness = mpi_support.cuda_awareness(comm) if device.type == "cuda" else None
     settings = {"ranks": comm.size, "algos": ",".join(algos), "type": args.dtype,
                 "redop": args.op, "sizes": f"{format_size(args.minbytes)}..."
                 f"{format_size(args.maxbytes)} x{args.stepfactor}", "iters": args.iters,
                 "warmup": args.warmup, "check": args.check, "device": args.device}
-    _print(comm, *report.header_lines("allreduce", settings, comm), *_column_header())
+    if awareness is not None:
+        settings["cuda_aware_mpi"] = str(awareness)
+    _print(comm, *report.header_lines("allreduce", settings, comm))
+    if left_out:
+        _print(comm, left_out)
+    _print(comm, *_column_header())
     if "auto" in algos:
         collectives.auto.use(collectives.auto.load(args.profile, comm))  # collective
     rows, reference = [], None
@@ -67,9 +76,10 @@ def run(args, comm):
             # beside the algorithms: the floor that a point-to-point algorithm's small
             # messages are measured against.
             first = count == counts[0] and group != ["horovod"] and count > 0
-            measured = measure(buf, group, args, comm, reference=first)
+            measured = measure(buf, group, args, comm, reference=first, awareness=awareness)
             if first:
                 reference = measured.pop()
+                reference["path"] = sendrecv_path(buf, awareness)
             for row in measured:
                 row["wrong"] = count_wrong(buf, row["algo"], args, comm, want) \
                     if args.check else -1
@@ -94,12 +104,6 @@ def run(args, comm):
     return wrong
 
 
-def _horovod_on_gpu():
-    import horovod.torch as hvd
-
-    return hvd.cuda_built()
-
-
 def validate(args):
     """The algorithms to run, after checking every option (same verdict on every rank)."""
     algos = args.algos.split(",") if args.algos else default_algos()
@@ -116,23 +120,36 @@ def validate(args):
         raise UsageError(f"unknown reduction {args.op!r} (-o); valid: {', '.join(OPS)}")
     if args.iters < 1 or args.warmup < 0:
         raise UsageError(f"need -n >= 1 and -w >= 0, got -n {args.iters} -w {args.warmup}")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda: no CUDA device is visible to this process")
-    if args.device == "cuda" and "horovod" in algos and not _horovod_on_gpu():
-        if args.algos:
-            raise UsageError("--device cuda with --algos horovod needs Horovod built with GPU "
-                             "operations (docs/gpu.md); this one is CPU-only")
-        algos.remove("horovod")   # the default list: time what can run on the GPU
+    if args.device == "cuda":
+        gpu_checks.check_cuda_visible("--device cuda")
     return algos
+
+
+def horovod_on_device(algos, args, comm):
+    """``algos`` without Horovod where it cannot reduce this run's CUDA buffers: an error
+    when ``--algos`` named it, a footnote (returned) when it came from the default list.
+
+    Synchronisation point for ``--device cuda`` with Horovod among ``algos``: every rank
+    takes the same verdict (:func:`hpctrain.gpu_checks.horovod_cuda_reason`)."""
+    if args.device != "cuda" or "horovod" not in algos:
+        return algos, None
+    option = "--device cuda with --algos horovod"
+    reason = gpu_checks.horovod_cuda_reason(comm, option)
+    if reason is None:
+        return algos, None
+    if args.algos:
+        raise UsageError(reason)
+    return [a for a in algos if a != "horovod"], f"# horovod left out: {reason}"
 
 
 #: Timed rounds per size: the algorithms take turns, ROUNDS times, in rotated order.
 ROUNDS = 4
 
 
-def measure(buf, algos, args, comm, reference=False):
+def measure(buf, algos, args, comm, reference=False, awareness=None):
     """Time ``-n`` calls of each of ``algos`` on ``buf``; one table row per algorithm, and
-    with ``reference`` one more row last: :func:`sendrecv_call` timed the same way.
+    with ``reference`` one more row last: :func:`sendrecv_call` timed the same way (on the
+    path :func:`sendrecv_path` chooses from ``awareness``, MPI's CUDA-awareness).
 
     Every algorithm first makes its ``-w`` warm-up calls. The timed calls are then split
     into up to ``ROUNDS`` rounds in which the algorithms take turns, in an order rotated
@@ -144,7 +161,7 @@ def measure(buf, algos, args, comm, reference=False):
     buf.zero_()
     calls = {algo: _allreduce_call(buf, algo, args.op, comm) for algo in algos}
     if reference:
-        calls[SENDRECV] = sendrecv_call(buf, comm)
+        calls[SENDRECV] = sendrecv_call(buf, comm, sendrecv_path(buf, awareness))
     names = list(calls)
     for call in calls.values():
         for _ in range(args.warmup):
@@ -179,18 +196,60 @@ def _allreduce_call(buf, algo, op, comm):
     return lambda: allreduce(buf, op, algo, comm, False)   # positional: cheaper to pass
 
 
-def sendrecv_call(buf, comm):
+def sendrecv_path(buf, awareness):
+    """How the Sendrecv reference moves ``buf``: ``host`` (a host buffer), ``direct`` (device
+    memory straight to a CUDA-aware MPI) or ``staged`` (through host memory).
+
+    ``awareness`` is :func:`hpctrain.mpi_support.cuda_awareness`'s answer. Only a definite
+    yes goes direct: an MPI that cannot read device memory crashes the process on it, while
+    staging is only slower (the collectives decide the same way)."""
+    if not getattr(buf, "is_cuda", False):
+        return "host"
+    return "direct" if awareness is not None and awareness.aware is True else "staged"
+
+
+def sendrecv_call(buf, comm, path="host"):
     """A call that swaps ``buf`` with a partner (``rank ^ 1``) in one mpi4py ``Sendrecv``;
     the last rank of an odd count has no partner and sends to itself. The same kind of call
     as the collectives' own messages, timed by the same loop: the point-to-point floor of a
     small allreduce. On ``comm`` itself: the collectives run on their own duplicate, and
-    nothing else is in flight here."""
+    nothing else is in flight here.
+
+    ``path`` (from :func:`sendrecv_path`): ``staged`` copies the device buffer into host
+    memory, exchanges host buffers and copies the result back to the device, as the
+    collectives' staged path does, so that it is compared with like; mpi4py is never given
+    device memory then. The call's ``received`` is where the partner's data arrives (a
+    transport view, on ``buf``'s device)."""
     peer = comm.rank ^ 1 if comm.rank ^ 1 < comm.size else comm.rank
     flat = collectives.base.flatten(buf)[0]   # the transport view the collectives send
     _sync(buf)
-    received = flat.clone() if buf.is_cuda else flat.copy()
     sendrecv = comm.Sendrecv
-    return lambda: sendrecv(flat, peer, SENDRECV_TAG, received, peer, SENDRECV_TAG)
+    if path == "staged":
+        return _staged_sendrecv(flat, peer, sendrecv)
+    received = flat.clone() if buf.is_cuda else flat.copy()
+    call = lambda: sendrecv(flat, peer, SENDRECV_TAG, received, peer, SENDRECV_TAG)  # noqa: E731
+    call.received = received
+    return call
+
+
+def _staged_sendrecv(flat, peer, sendrecv):
+    # Page-locked host buffers, allocated once: the copies are DMA transfers, as in the
+    # collectives' staging. A copy into pageable or page-locked host memory returns when it
+    # is done, so MPI reads finished data.
+    if isinstance(flat, np.ndarray):
+        flat = torch.from_numpy(flat)   # a host tensor (tests): the same copies, unpinned
+    pin = flat.is_cuda
+    send = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=pin)
+    recv = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=pin)
+    send_np, recv_np = send.numpy(), recv.numpy()
+    received = flat.clone()
+
+    def call():
+        send.copy_(flat)
+        sendrecv(send_np, peer, SENDRECV_TAG, recv_np, peer, SENDRECV_TAG)
+        received.copy_(recv)
+    call.received = received
+    return call
 
 
 def reference_lines(rows, reference, ranks):
@@ -206,6 +265,9 @@ def reference_lines(rows, reference, ranks):
     lines = [f"# Small messages ({format_size(size)}): one bare mpi4py Sendrecv between rank "
              f"pairs takes {one:.2f} us (median call, same timing loop); "
              f"ceil(lg p) = {steps} of them: {floor_us:.2f} us"]
+    if reference.get("path") == "staged":
+        lines.append("#   Sendrecv staged through host memory (device -> host, Sendrecv, "
+                     "host -> device): MPI is not known to be CUDA-aware")
     ratios = [f"{row['algo']} {row['time_median_us'] / floor_us:.2f}x" for row in rows
               if row["size"] == size and floor_us > 0]
     if ratios:
