@@ -1,0 +1,198 @@
+"""The GPU and offline set-up scripts, where there is no GPU and (for the offline set-up) no
+index: bad input refused with what is missing and how to get it, nothing left half-written;
+a bundle made once (cached under the hpctrain cache, keyed by what it holds) and a fresh
+environment set up from it with every package index unreachable."""
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = REPO / "scripts"
+
+
+def run(args, env=None, timeout=120):
+    """Run a script; its exit status and its output (stdout and stderr together)."""
+    result = subprocess.run([str(a) for a in args], capture_output=True, text=True,
+                            timeout=timeout, env={**os.environ, **(env or {})})
+    return result.returncode, result.stdout + result.stderr
+
+
+@pytest.fixture
+def no_cuda(tmp_path):
+    """An environment with no nvcc, no nvidia-smi and no CUDA prefix: PATH has only the
+    system's directories, less any stand-in for them."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("bash", "python3", "tar", "sed", "grep", "mktemp", "rm", "dirname", "cat",
+                 "nproc", "ldconfig", "awk", "sort", "paste", "tr", "readlink", "mkdir", "ln",
+                 "sha256sum", "cut", "head", "id", "dpkg-query", "ompi_info", "mpirun", "bzip2",
+                 "xz", "gzip"):
+        found = shutil.which(tool)
+        if found and "nvcc" not in found:
+            (bin_dir / tool).symlink_to(found)
+    return {"PATH": str(bin_dir), "CUDA_HOME": "", "CUDA_PATH": "", "HOROVOD_CUDA_HOME": "",
+            "HOROVOD_NCCL_HOME": "", "HOME": str(tmp_path)}
+
+
+# ----- build-horovod --gpu ------------------------------------------------------------------
+
+def test_a_gpu_horovod_build_without_nvcc_names_the_cuda_toolkit(no_cuda, tmp_path):
+    wheels = tmp_path / "wheels" / "key"
+    # CUDA_HOME names a prefix without nvcc (a machine may have a toolkit elsewhere).
+    code, out = run([SCRIPTS / "build-horovod", "--gpu", "nccl", sys.prefix, "0.28.1", wheels],
+                    env={**no_cuda, "CUDA_HOME": str(tmp_path / "cuda-12")})
+    assert code == 1, out
+    assert f"{tmp_path / 'cuda-12'} (from HOROVOD_CUDA_HOME, CUDA_HOME or CUDA_PATH) has no " \
+        "bin/nvcc" in out
+    assert "needs the CUDA toolkit's nvcc" in out and "cuda-toolkit" in out
+    assert not (tmp_path / "wheels").exists(), "nothing is written for a refused build"
+
+
+def test_a_nccl_build_without_nccl_names_where_to_get_it(no_cuda, tmp_path):
+    cuda = tmp_path / "cuda"
+    (cuda / "bin").mkdir(parents=True)
+    (cuda / "bin" / "nvcc").write_text("#!/bin/sh\necho 'Cuda compilation tools'\n")
+    (cuda / "bin" / "nvcc").chmod(0o755)
+    if Path("/usr/include/nccl.h").exists():
+        pytest.skip("this machine has NCCL's headers: the refusal cannot be seen here")
+    env = {**no_cuda, "CUDA_HOME": str(cuda), "HOROVOD_BUILD_CUDA_CC_LIST": "90"}
+    code, out = run([SCRIPTS / "build-horovod", "--gpu", "nccl", sys.prefix, "0.28.1",
+                     tmp_path / "wheels" / "key"], env=env)
+    assert code == 1, out
+    assert "needs NCCL" in out and "libnccl-dev" in out and "nvidia-nccl" in out
+    assert not (tmp_path / "wheels").exists()
+
+
+def test_a_gpu_build_without_a_gpu_asks_for_the_compute_capabilities(no_cuda, tmp_path):
+    cuda = tmp_path / "cuda"
+    (cuda / "bin").mkdir(parents=True)
+    (cuda / "bin" / "nvcc").write_text("#!/bin/sh\n")
+    (cuda / "bin" / "nvcc").chmod(0o755)
+    code, out = run([SCRIPTS / "build-horovod", "--gpu", "mpi", sys.prefix, "0.28.1",
+                     tmp_path / "w"], env={**no_cuda, "CUDA_HOME": str(cuda)})
+    assert code == 1 and "HOROVOD_BUILD_CUDA_CC_LIST" in out, out
+
+
+def test_build_horovod_refuses_an_unknown_gpu_variant(tmp_path):
+    code, out = run([SCRIPTS / "build-horovod", "--gpu", "rocm", sys.prefix, "0.28.1",
+                     tmp_path / "w"])
+    assert code == 2 and "--gpu takes nccl or mpi, got 'rocm'" in out, out
+
+
+# ----- setup --gpu on a machine without a GPU -----------------------------------------------
+
+@pytest.mark.parametrize("ask", [["--gpu"], ["--gpu", "mpi"], []])
+def test_setup_refuses_a_gpu_stack_without_a_gpu_before_touching_anything(no_cuda, tmp_path,
+                                                                          ask):
+    venv = tmp_path / "venv"
+    env = {**no_cuda, "HPCTRAIN_VENV": str(venv), "HPCTRAIN_CACHE": str(tmp_path / "cache")}
+    if not ask:
+        env["HPCTRAIN_GPU"] = "nccl"      # the same request through the environment
+    code, out = run([SCRIPTS / "setup", *ask], env=env)
+    assert code == 1, out
+    assert "no NVIDIA GPU (nvidia-smi is not installed" in out and "--cpu" in out
+    assert not venv.exists() and not (tmp_path / "cache").exists()
+
+
+def test_setup_refuses_a_folder_that_is_not_a_bundle(tmp_path):
+    code, out = run([SCRIPTS / "setup", "--offline", tmp_path],
+                    env={"HPCTRAIN_VENV": str(tmp_path / "venv")})
+    assert code == 1 and "not a bundle (no bundle.txt)" in out and "scripts/bundle" in out
+    assert not (tmp_path / "venv").exists()
+
+
+# ----- build-cuda-mpi -----------------------------------------------------------------------
+
+def _tarball(tmp_path, top, files=("configure",)):
+    src = tmp_path / "src" / top
+    src.mkdir(parents=True)
+    for name in files:
+        (src / name).write_text("#!/bin/sh\n")
+    path = tmp_path / f"{top}.tar.bz2"
+    subprocess.run(["tar", "-C", src.parent, "-cjf", path, top], check=True)
+    return path
+
+
+@pytest.mark.parametrize("kind", ["not a tarball", "not open mpi", "not 4.1", "no configure"])
+def test_build_cuda_mpi_refuses_what_is_not_open_mpi_41_and_writes_nothing(tmp_path, kind):
+    if kind == "not a tarball":
+        tarball = tmp_path / "notes.txt"
+        tarball.write_text("hello")
+        want = "is not a tar archive"
+    elif kind == "not open mpi":
+        tarball, want = _tarball(tmp_path, "mpich-4.2.0"), "is not Open MPI 4.1's source"
+    elif kind == "not 4.1":
+        tarball, want = _tarball(tmp_path, "openmpi-5.0.3"), "is not Open MPI 4.1's source"
+    else:
+        tarball, want = _tarball(tmp_path, "openmpi-4.1.6", ["README"]), "has no openmpi-4.1.6"
+    cache = tmp_path / "cache"
+    code, out = run([SCRIPTS / "build-cuda-mpi", tarball], env={"HPCTRAIN_CACHE": str(cache)})
+    assert code == 1 and want in out, out
+    assert "open-mpi.org" in out or "release tarball" in out
+    assert not cache.exists()
+
+
+def test_build_cuda_mpi_without_cuda_says_so_and_writes_nothing(tmp_path, no_cuda):
+    tarball = _tarball(tmp_path, "openmpi-4.1.6")
+    cache = tmp_path / "cache"
+    code, out = run([SCRIPTS / "build-cuda-mpi", tarball],
+                    env={**no_cuda, "HPCTRAIN_CACHE": str(cache),
+                         "CUDA_HOME": str(tmp_path / "none")})
+    assert code == 1 and "no CUDA toolkit" in out and "CUDA_HOME" in out, out
+    assert not cache.exists()
+
+
+# ----- a bundle, and a set-up from it with no index ---------------------------------------
+
+def _cache_dir():
+    return Path(os.environ.get("HPCTRAIN_CACHE") or
+                Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hpctrain")
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    """A bundle for this Python, made once per content: its key hashes what decides what it
+    holds (the package lists and pyproject.toml), so CI downloads it only when they change."""
+    digest = hashlib.sha256()
+    for name in ("scripts/packages.sh", "scripts/bundle", "pyproject.toml"):
+        digest.update((REPO / name).read_bytes())
+    digest.update(sys.version.encode())
+    path = _cache_dir() / "bundles" / digest.hexdigest()[:16]
+    if not (path / "bundle.txt").exists():
+        code, out = run([SCRIPTS / "bundle", path], timeout=1200)
+        assert code == 0, out[-3000:]
+    return path
+
+
+def test_the_bundle_holds_the_sources_setup_builds(bundle):
+    names = os.listdir(bundle)
+    for prefix in ("horovod-0.28.1.tar.gz", "mpi4py-", "torch-2.13.0", "numpy-", "cffi-",
+                   "pycparser-", "pytest_mpi-", "setuptools-"):
+        assert any(n.startswith(prefix) for n in names), (prefix, sorted(names))
+    assert "for CPython %d.%d" % sys.version_info[:2] in (bundle / "bundle.txt").read_text()
+
+
+@pytest.mark.slow
+def test_setup_offline_installs_from_the_bundle_with_no_index(bundle, tmp_path):
+    # Every way pip could reach an index or a wheel outside the bundle is closed: no config
+    # file, no find-links, PIP_NO_INDEX. Horovod's wheel comes from the usual cache (keyed
+    # as always), so that this takes minutes, not a Horovod build.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env.update(PIP_CONFIG_FILE=os.devnull, PIP_NO_INDEX="1", HPCTRAIN_VENV=str(tmp_path / "v"),
+               HPCTRAIN_GPU="cpu", HPCTRAIN_CACHE=str(_cache_dir()))
+    result = subprocess.run([str(SCRIPTS / "setup"), "--offline", str(bundle)], env=env,
+                            capture_output=True, text=True, timeout=1500)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-4000:]
+    assert f"offline from {bundle}" in out and "[setup] ready" in out
+    probe = ("import mpi4py, torch, horovod.torch, hpctrain, pytest_mpi; "
+             "print(torch.__version__, mpi4py.__version__)")
+    check = subprocess.run([str(tmp_path / "v" / "bin" / "python"), "-c", probe],
+                           capture_output=True, text=True, timeout=300)
+    assert check.returncode == 0 and check.stdout.startswith("2.13.0"), check.stderr
