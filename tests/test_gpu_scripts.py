@@ -170,6 +170,7 @@ def bundle():
     return path
 
 
+@pytest.mark.timeout(1500)   # the first run makes the bundle (a few minutes)
 def test_the_bundle_holds_the_sources_setup_builds(bundle):
     names = os.listdir(bundle)
     for prefix in ("horovod-0.28.1.tar.gz", "mpi4py-", "torch-2.13.0", "numpy-", "cffi-",
@@ -179,6 +180,7 @@ def test_the_bundle_holds_the_sources_setup_builds(bundle):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)   # a first run makes the bundle and compiles mpi4py: minutes
 def test_setup_offline_installs_from_the_bundle_with_no_index(bundle, tmp_path):
     # Every way pip could reach an index or a wheel outside the bundle is closed: no config
     # file, no find-links, PIP_NO_INDEX. Horovod's wheel comes from the usual cache (keyed
@@ -196,3 +198,26 @@ def test_setup_offline_installs_from_the_bundle_with_no_index(bundle, tmp_path):
     check = subprocess.run([str(tmp_path / "v" / "bin" / "python"), "-c", probe],
                            capture_output=True, text=True, timeout=300)
     assert check.returncode == 0 and check.stdout.startswith("2.13.0"), check.stderr
+
+
+@pytest.mark.timeout(1500)
+def test_setup_with_system_packages_keeps_the_outer_torch_and_mpi4py(bundle, tmp_path):
+    # The interpreter given is itself a virtual environment's (as the torch of vendor
+    # containers is): the new environment must see its torch and mpi4py and install
+    # neither, from the bundle and with no index.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env.update(PIP_CONFIG_FILE=os.devnull, PIP_NO_INDEX="1", HPCTRAIN_VENV=str(tmp_path / "v"),
+               HPCTRAIN_GPU="cpu", HPCTRAIN_CACHE=str(_cache_dir()),
+               HPCTRAIN_SYSTEM_PACKAGES="1", HPCTRAIN_PYTHON=sys.executable)
+    result = subprocess.run([str(SCRIPTS / "setup"), "--offline", str(bundle)], env=env,
+                            capture_output=True, text=True, timeout=900)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-4000:]
+    assert "torch: the system's" in out and "mpi4py: the system's" in out, out
+    inner = tmp_path / "v" / "bin" / "python"
+    probe = "import torch, mpi4py; print(torch.__file__); print(mpi4py.__file__)"
+    where = subprocess.run([str(inner), "-c", probe], capture_output=True, text=True,
+                           timeout=300).stdout.split()
+    assert all(path.startswith(sys.prefix) for path in where), (where, sys.prefix)
+    assert not list((tmp_path / "v").glob("lib/python*/site-packages/torch")), \
+        "a second torch was installed"
