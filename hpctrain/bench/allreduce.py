@@ -208,19 +208,21 @@ def sendrecv_path(buf, awareness):
     return "direct" if awareness is not None and awareness.aware is True else "staged"
 
 
-def sendrecv_call(buf, comm, path="host"):
+def sendrecv_call(buf, comm, path=None):
     """A call that swaps ``buf`` with a partner (``rank ^ 1``) in one mpi4py ``Sendrecv``;
     the last rank of an odd count has no partner and sends to itself. The same kind of call
     as the collectives' own messages, timed by the same loop: the point-to-point floor of a
     small allreduce. On ``comm`` itself: the collectives run on their own duplicate, and
     nothing else is in flight here.
 
-    ``path`` (from :func:`sendrecv_path`): ``staged`` copies the device buffer into host
+    ``path`` (from :func:`sendrecv_path`; by default ``staged`` for a CUDA buffer, since
+    whether MPI is CUDA-aware was not said): ``staged`` copies the device buffer into host
     memory, exchanges host buffers and copies the result back to the device, as the
     collectives' staged path does, so that it is compared with like; mpi4py is never given
     device memory then. The call's ``received`` is where the partner's data arrives (a
     transport view, on ``buf``'s device)."""
     peer = comm.rank ^ 1 if comm.rank ^ 1 < comm.size else comm.rank
+    path = path or sendrecv_path(buf, None)
     flat = collectives.base.flatten(buf)[0]   # the transport view the collectives send
     _sync(buf)
     sendrecv = comm.Sendrecv
