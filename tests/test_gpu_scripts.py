@@ -85,6 +85,25 @@ def test_build_horovod_refuses_an_unknown_gpu_variant(tmp_path):
     assert code == 2 and "--gpu takes nccl or mpi, got 'rocm'" in out, out
 
 
+@pytest.mark.timeout(1500)   # the first run makes the bundle (a few minutes)
+def test_the_gpu_patches_apply_to_the_horovod_sources(bundle, tmp_path):
+    # The patches that the H100 build needed, checked on the sources without a GPU or a build.
+    code, out = run([SCRIPTS / "build-horovod", "--gpu", "nccl", "--sdist",
+                     bundle / "horovod-0.28.1.tar.gz", "--sources", tmp_path, sys.prefix,
+                     "0.28.1", tmp_path / "wheels"])
+    assert code == 0, out
+    src = tmp_path / "horovod-0.28.1"
+    for cmake in ("CMakeLists.txt", "horovod/torch/CMakeLists.txt"):
+        text = (src / cmake).read_text()
+        assert "set(CMAKE_CXX_STANDARD 17)" in text and "CMAKE_CXX_STANDARD 14" not in text
+    cuda = (src / "horovod/common/ops/cuda/CMakeLists.txt").read_text()
+    assert "set(CMAKE_CUDA_STANDARD 17)" in cuda and "CMAKE_CUDA_STANDARD 11)" not in cuda
+    for header in ("common.h", "group_table.h"):
+        top = (src / "horovod/common" / header).read_text().splitlines()[:8]
+        assert {"#include <string>", "#include <stdexcept>", "#include <cstdint>"} <= set(top)
+    assert not (tmp_path / "wheels").exists()
+
+
 # ----- setup --gpu on a machine without a GPU -----------------------------------------------
 
 @pytest.mark.parametrize("ask", [["--gpu"], ["--gpu", "mpi"], []])
