@@ -98,10 +98,19 @@ def format_table(ranks, library, standard, cuda, horovod):
     lines.append(f"  same on every rank: {'yes' if not differing else f'NO, ranks {differing}'}")
     lines += ["", f"MPI library      {library} (MPI {standard})",
               f"world size       {len(ranks)}",
-              f"CUDA-aware MPI   {cuda}",
+              f"CUDA-aware MPI   {cuda}{_staging_hint(cuda, ranks)}",
               "Horovod build    " + _format_horovod(horovod), "",
               _format_ranks(ranks)]
     return "\n".join(lines)
+
+
+def _staging_hint(cuda, ranks):
+    # Ranks with a GPU and an MPI not known to take device memory: say what that costs and
+    # where the remedy is.
+    if getattr(cuda, "aware", None) is True or all(r["gpu"] == "-" for r in ranks):
+        return ""
+    return ("; GPU data is staged through host memory (scripts/build-cuda-mpi builds a "
+            "CUDA-aware Open MPI, docs/gpu.md)")
 
 
 def _format_horovod(build):

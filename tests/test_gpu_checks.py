@@ -171,3 +171,23 @@ def test_the_footer_says_when_the_reference_was_staged():
     lines = bench.reference_lines([row], {**reference, "path": "staged"}, 2)
     assert any("staged through host memory" in line and "not known to be CUDA-aware" in line
                for line in lines)
+
+
+# ----- hpctrain info: where a CUDA-aware MPI comes from ---------------------------------------
+
+def _ranks(gpu):
+    return [{"rank": 0, "host": "n0", "pid": 1, "local_rank": 0, "gpu": gpu,
+             "versions": {"hpctrain": "0"}}]
+
+
+def test_info_points_ranks_with_a_gpu_to_a_cuda_aware_mpi():
+    from hpctrain.info import format_table
+
+    build = {"error": "not importable"}
+    for aware in (False, None):
+        table = format_table(_ranks("cuda:0 H100"), "Open MPI", "3.1",
+                             CudaAwareness(aware, "faked"), build)
+        assert "staged through host memory (scripts/build-cuda-mpi" in table
+    for gpu, aware in (("-", False), ("cuda:0 H100", True)):
+        table = format_table(_ranks(gpu), "Open MPI", "3.1", CudaAwareness(aware, "f"), build)
+        assert "build-cuda-mpi" not in table
