@@ -177,9 +177,17 @@ def _cache_dir():
 @pytest.fixture(scope="module")
 def bundle():
     """A bundle for this Python, made once per content: its key hashes what decides what it
-    holds (the package lists and pyproject.toml), so CI downloads it only when they change."""
-    digest = hashlib.sha256()
-    for name in ("scripts/packages.sh", "scripts/bundle", "pyproject.toml"):
+    holds (the package lists, the script, pyproject.toml's dependencies), so CI downloads it
+    only when they change. (pip caches the mpi4py wheel it builds per bundle path: a new
+    bundle costs one more mpi4py build, minutes on 2 cores.)"""
+    try:
+        import tomllib
+    except ImportError:                  # Python < 3.11
+        import tomli as tomllib
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    digest = hashlib.sha256(repr((project["dependencies"],
+                                  project["optional-dependencies"]["test"])).encode())
+    for name in ("scripts/packages.sh", "scripts/bundle"):
         digest.update((REPO / name).read_bytes())
     digest.update(sys.version.encode())
     path = _cache_dir() / "bundles" / digest.hexdigest()[:16]
