@@ -97,8 +97,8 @@ def nccl_shared_gpu_problem(nccl_version, ranks_on_node, gpus_on_node, option):
             f"{'s' if gpus_on_node != 1 else ''} on this node, and this Horovod moves GPU "
             f"tensors with NCCL {major}.{minor}, which refuses two ranks on one GPU "
             f"(ncclCommInitRank: invalid usage). Start one rank per GPU (e.g. srun "
-            f"--ntasks-per-node={gpus_on_node} --gpus-per-task=1, or mpirun -np "
-            f"{gpus_on_node} per node); or use one of hpctrain's own algorithms (--allreduce "
+            f"--ntasks-per-node={gpus_on_node} --gpus-per-task=1, or mpirun --map-by "
+            f"ppr:{gpus_on_node}:node); or use one of hpctrain's own algorithms (--allreduce "
             f"ring, mpi, ...); or use a Horovod built with `scripts/build-horovod --gpu mpi` "
             f"over a CUDA-aware MPI, which lets ranks share a GPU")
 
