@@ -186,7 +186,7 @@ def sendrecv_call(buf, comm):
     small allreduce. On ``comm`` itself: the collectives run on their own duplicate, and
     nothing else is in flight here."""
     peer = comm.rank ^ 1 if comm.rank ^ 1 < comm.size else comm.rank
-    flat = collectives.base.flatten(buf)[0]   # the transport view the collectives send
+    flat = collectives.buffers.flatten(buf)[0]   # the transport view the collectives send
     _sync(buf)
     received = flat.clone() if buf.is_cuda else flat.copy()
     sendrecv = comm.Sendrecv
