@@ -162,7 +162,8 @@ def base_values(rank, count):
 @pytest.fixture
 def no_mpi_waitall(monkeypatch):
     # ps and ps-sharded wait through MPI.Request.Waitall; here requests are fakes.
-    monkeypatch.setattr(ps, "waitall", lambda requests: [r.Wait() for r in requests])
+    for module in (ps, hierarchical):
+        monkeypatch.setattr(module, "waitall", lambda requests: [r.Wait() for r in requests])
 
 
 @pytest.mark.parametrize("size", range(2, 10))
@@ -248,12 +249,16 @@ def test_nodes_are_numbered_by_their_lowest_rank():
 
 
 @settings(max_examples=30, deadline=None)
-@given(size=st.integers(2, 7), per_node=st.integers(1, 7), count=st.integers(0, 60))
-def test_hierarchical_sums_exactly_on_any_split_into_nodes(size, per_node, count):
+@given(size=st.integers(2, 7), per_node=st.integers(1, 7), count=st.integers(0, 60),
+       segment=st.integers(0, 5))
+def test_hierarchical_sums_exactly_on_any_split_into_nodes(size, per_node, count, segment):
     want = sum(base_values(r, count) for r in range(size))
-    results = simulate("hierarchical", size, count, {"ranks_per_node": per_node})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(hierarchical, "waitall", lambda requests: [r.Wait() for r in requests])
+        results = simulate("hierarchical", size, count,
+                           {"ranks_per_node": per_node, "segment_bytes": 8 * segment})
     for rank, got in enumerate(results):
-        assert np.array_equal(got, want), (size, per_node, count, rank)
+        assert np.array_equal(got, want), (size, per_node, count, segment, rank)
 
 
 def node_link_bytes(nodes, per_node, count, itemsize=4):

@@ -136,6 +136,10 @@ class Algorithm:
         calls it, in the data phase of the first call with these options."""
         return None
 
+    def setup_key(self, params):
+        """The options :meth:`setup` depends on (one set-up per distinct key)."""
+        return params
+
     def release(self, state):
         """Free what :meth:`setup` made (when the private communicator is freed)."""
 

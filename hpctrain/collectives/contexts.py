@@ -102,7 +102,7 @@ class Context:
 
         Synchronisation point on first use (:meth:`Algorithm.setup` is collective).
         """
-        key = (algorithm.name, params)
+        key = (algorithm.name, algorithm.setup_key(params))
         if key not in self.setups:
             self.setups[key] = algorithm.setup(self.comm, params)
         return self.setups[key]

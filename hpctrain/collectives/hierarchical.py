@@ -19,6 +19,14 @@ has one owner per node and one sub-communicator joins its owners. A rank with se
 shards allreduces them one after the other, in increasing order on every rank, so the
 lowest unfinished shard always has all its owners at hand: no deadlock.
 
+Between nodes every message is cut into segments of at most ``segment_bytes`` (default
+32 KiB, under Open MPI's TCP eager limit of 64 KiB with the header), all posted at once
+(``Irecv``/``Isend``). With two
+nodes the ring's left and right neighbour are the same rank, and over TCP a large message's
+rendezvous handshake queues behind the bulk data the other direction already sent on the
+connection, so the two directions would take turns; eager-sized segments need no handshake
+and flow both ways at once (``segment_bytes=0``: whole messages, one ``Sendrecv``).
+
 Option ``ranks_per_node`` (default: the environment variable ``HPCTRAIN_RANKS_PER_NODE``,
 else 0): 0 groups ranks by shared-memory node (``Split_type``); ``k > 0`` puts ranks
 ``[i·k, (i+1)·k)`` on node ``i``, so that one machine can stand in for several nodes
@@ -32,12 +40,15 @@ import os
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .algorithm import Algorithm, chunk_bounds, flat_cost, register
+from .algorithm import Algorithm, chunk_bounds, flat_cost, register, waitall
 from .ring import allgather, owned_chunk, reduce_scatter, ring_over, ring_schedule
 from ..errors import UsageError
 
 #: Environment variable giving the default ``ranks_per_node``.
 RANKS_PER_NODE_ENV = "HPCTRAIN_RANKS_PER_NODE"
+#: Default segment of the messages between nodes: under Open MPI's TCP eager limit (64 KiB
+#: including the header), so that no segment waits for a rendezvous handshake.
+SEGMENT_BYTES = 32 * 1024
 
 
 @dataclass(frozen=True)
@@ -75,6 +86,7 @@ class HierarchicalSchedule:
 
     local: object             # RingSchedule over the node's ranks, chunks of whole shards
     shards: tuple             # ((shard, lo, hi, RingSchedule between nodes), ...)
+    segment: int              # elements per message between nodes (0: whole messages)
     scratch: int
 
 
@@ -102,8 +114,9 @@ def owned_shards(layout, rank):
 
 
 @lru_cache(maxsize=256)
-def hierarchical_schedule(layout, rank, count):
-    """The schedule of ``rank`` for ``count`` elements on ``layout``."""
+def hierarchical_schedule(layout, rank, count, segment=0):
+    """The schedule of ``rank`` for ``count`` elements on ``layout``, messages between nodes
+    cut into ``segment`` elements (0: whole)."""
     node = layout.nodes[rank]
     members, nodes = layout.members[node], len(layout.members)
     bounds = chunk_bounds(count, layout.shards)
@@ -113,7 +126,37 @@ def hierarchical_schedule(layout, rank, count):
                                                                - bounds[s]))
                    for s in owned_shards(layout, rank))
     scratch = max([local.scratch, *(sched.scratch for *_, sched in shards)])
-    return HierarchicalSchedule(local, shards, scratch)
+    return HierarchicalSchedule(local, shards, segment, scratch)
+
+
+def segments(length, segment):
+    """``(lo, hi)`` of consecutive pieces of at most ``segment`` elements covering
+    ``length`` (one piece if ``segment`` is 0)."""
+    step = segment or max(length, 1)
+    return [(lo, min(lo + step, length)) for lo in range(0, length, step)]
+
+
+def exchange(comm, send, dest, recv, source, tag, segment):
+    """Send ``send`` to ``dest`` while receiving ``recv`` from ``source``, in segments all
+    posted at once; the receives first, so that eager data finds its buffer."""
+    if not segment:
+        comm.Sendrecv(send, dest, tag, recv, source, tag)
+        return
+    requests = [comm.Irecv(recv[lo:hi], source, tag) for lo, hi in segments(len(recv), segment)]
+    requests += [comm.Isend(send[lo:hi], dest, tag) for lo, hi in segments(len(send), segment)]
+    waitall(requests)
+
+
+def ring_between_nodes(comm, flat, sched, scratch, reduce, tag, segment):
+    """The ring allreduce of ``flat`` over ``comm`` (reduce-scatter, then allgather), each
+    step's message in segments (see :func:`exchange`)."""
+    right, left = sched.right, sched.left
+    for send_lo, send_hi, recv_lo, recv_hi in sched.reduce_scatter:
+        incoming = scratch[:recv_hi - recv_lo]
+        exchange(comm, flat[send_lo:send_hi], right, incoming, left, tag, segment)
+        reduce(flat[recv_lo:recv_hi], incoming)
+    for send_lo, send_hi, recv_lo, recv_hi in sched.allgather:
+        exchange(comm, flat[send_lo:send_hi], right, flat[recv_lo:recv_hi], left, tag, segment)
 
 
 @register
@@ -121,7 +164,7 @@ class Hierarchical(Algorithm):
     """Reduce-scatter in each node, ring allreduce between nodes, allgather in each node."""
 
     name = "hierarchical"
-    options = {"ranks_per_node": None}
+    options = {"ranks_per_node": None, "segment_bytes": SEGMENT_BYTES}
     has_setup = True
     chosen_by_model = True
 
@@ -137,11 +180,17 @@ class Hierarchical(Algorithm):
         if value < 0:
             raise UsageError(f"allreduce option ranks_per_node={value} must be >= 0 (0: "
                              f"group ranks by shared-memory node)")
-        return (min(int(value), size),)
+        if params[1] < 0:
+            raise UsageError(f"allreduce option segment_bytes={params[1]} must be >= 0 (0: "
+                             f"whole messages)")
+        return (min(int(value), size), int(params[1]))
 
     def examples(self, size):
-        """The real nodes, and every split of the ranks into nodes of ``k``."""
-        return [{}, *({"ranks_per_node": k} for k in range(1, size + 1))]
+        """The real nodes, every split of the ranks into nodes of ``k``, and messages
+        between nodes whole or in one-element segments."""
+        return [{}, *({"ranks_per_node": k} for k in range(1, size + 1)),
+                {"ranks_per_node": 1, "segment_bytes": 0},
+                {"ranks_per_node": 1, "segment_bytes": 1}]
 
     def setup(self, comm, params):
         from mpi4py import MPI
@@ -162,21 +211,24 @@ class Hierarchical(Algorithm):
                 inter[shard] = sub
         return NodeGroups(layout, local, inter)
 
+    def setup_key(self, params):
+        return params[:1]     # the segment size changes no sub-communicator
+
     def release(self, state):
         for comm in (state.local, *state.inter.values()):
             comm.Free()
 
     def schedule(self, size, rank, count, itemsize, params, setup=None):
-        return hierarchical_schedule(setup.layout, rank, count)
+        segment = max(params[1] // itemsize, 1) if params[1] else 0
+        return hierarchical_schedule(setup.layout, rank, count, segment)
 
     def run(self, comm, flat, plan):
         sched, groups, tag = plan.schedule, plan.setup, self.tag
         reduce, scratch = plan.reduce, plan.scratch
         reduce_scatter(groups.local, flat, sched.local, scratch, reduce, tag)
         for shard, lo, hi, ring in sched.shards:
-            part = flat[lo:hi]
-            reduce_scatter(groups.inter[shard], part, ring, scratch, reduce, tag)
-            allgather(groups.inter[shard], part, ring, tag)
+            ring_between_nodes(groups.inter[shard], flat[lo:hi], ring, scratch, reduce, tag,
+                               sched.segment)
         allgather(groups.local, flat, sched.local, tag)
 
     def cost(self, nbytes, ranks, nodes, params):
