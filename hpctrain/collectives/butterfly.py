@@ -176,14 +176,30 @@ class Butterfly(Algorithm):
 
 
     def cost(self, nbytes, ranks, nodes, params):
+        """On ``N`` nodes of ``k`` ranks placed by slot, the steps with a partner ``k`` or
+        more ranks away cross the node's link, all ``k`` ranks of the node at once: the
+        link carries ``k`` times a rank's bytes of those steps. The fold's partners are
+        neighbours, on one node."""
         n, low = nbytes, 1 << (ranks.bit_length() - 1)   # largest power of two <= p
         fold = ranks != low   # extra ranks send their data in first and get the result after
         lg = math.log2(low)
+        k = max(ranks / max(nodes, 1), 1.0)
+        lg_in = min(math.log2(k), lg)          # steps inside a node
+        lg_out = lg - lg_in                    # steps between nodes
         if n < params[0]:
-            a, b, c = lg, n * lg, n * lg
+            inside = (lg_in, n * lg_in)
+            between = (lg_out, k * n * lg_out)
+            reduced = n * lg
         else:
-            a, b, c = 2 * lg, 2 * n * (low - 1) / low, n * (low - 1) / low
-        return flat_cost(a + 2 * fold, b + 2 * n * fold, c + n * fold, nodes)
+            crossing = n * (1 - 2 ** -lg_out)  # the first, largest halves cross
+            inside = (2 * lg_in, 2 * (n - crossing) * (1 - 2 ** -lg_in))
+            between = (2 * lg_out, 2 * k * crossing)
+            reduced = n * (low - 1) / low
+        if nodes <= 1:
+            return flat_cost(inside[0] + between[0] + 2 * fold,
+                             inside[1] + between[1] + 2 * n * fold, reduced + n * fold, 1)
+        return (inside[0] + 2 * fold, inside[1] + 2 * n * fold, reduced + n * fold,
+                between[0], between[1])
 
 
 def _rabenseifner(comm, flat, scratch, reduce, steps, tag):

@@ -106,9 +106,12 @@ def fit_plan(points, cores):
 
     The rank counts with no more ranks than ``cores`` when their points determine all three;
     else every rank count when those do; else the ones within the cores again (every one if
-    none is), fitted for α and β only."""
+    none is), fitted for α and β only. Points that span several nodes (a cluster, real or
+    emulated) are all used: only they show the links between nodes."""
     ranks = sorted({point[2] for point in points})
     inside = [p for p in ranks if p <= cores and p > 1] or ranks
+    if any(point[4:] and point[4] > 1 for point in points):
+        inside = ranks
     for subset in (inside, ranks):
         if cost.determined([pt for pt in points if pt[2] in subset]):
             return subset, True
