@@ -8,14 +8,13 @@ common cases are tried first: the same buffer as the last call, then an array or
 whose plan exists.
 """
 
-from . import auto
-from . import contexts
+import numpy as np
+
+from . import auto, contexts
 from .buffers import TENSOR, copy_in, copy_out, flatten, fused_buffer, segments
 from .check import empty_vector, with_layout
 from .contexts import LastCall, context
 from ..errors import UsageError
-
-import numpy as np
 
 #: Tensors whose NumPy views are kept for the next call: at most this many, this small.
 VIEW_TENSORS, VIEW_BYTES = 16, 256 * 1024
