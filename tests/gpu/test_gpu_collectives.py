@@ -49,14 +49,8 @@ def path(request, monkeypatch):
 
 
 def variants(algo):
-    """The option settings worth testing for ``algo``."""
-    if algo in ("tree", "ps"):
-        return [{"root": root} for root in range(SIZE)]
-    if algo == "ps-sharded":
-        return [{"servers": k} for k in sorted({1, (SIZE + 1) // 2, SIZE})]
-    if algo == "butterfly":   # the default switch, Rabenseifner always, doubling always
-        return [{}, {"switch_bytes": 0}, {"switch_bytes": 1 << 40}]
-    return [{}]
+    """The option settings worth testing for ``algo``: the algorithm's own examples."""
+    return ALGORITHMS[algo].examples(SIZE)
 
 
 def contribution(rank, count, salt):
