@@ -194,10 +194,10 @@ class Hierarchical(Algorithm):
 
     def examples(self, size):
         """The real nodes, every split of the ranks into nodes of ``k``, and messages
-        between nodes whole or in one-element segments."""
+        between nodes whole or in 1 KiB segments (several per message even when small)."""
         return [{}, *({"ranks_per_node": k} for k in range(1, size + 1)),
                 {"ranks_per_node": 1, "segment_bytes": 0},
-                {"ranks_per_node": 1, "segment_bytes": 1}]
+                {"ranks_per_node": 1, "segment_bytes": 1024}]
 
     def setup(self, comm, params):
         from mpi4py import MPI
