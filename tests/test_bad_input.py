@@ -18,6 +18,7 @@ from mpi4py import MPI
 
 from hpctrain.data import synthetic, write_arrays
 from hpctrain.train import TrainConfig, train
+from hpctrain.train.config import ALLREDUCE
 
 NP = 2
 WITHIN = 10  # s
@@ -65,8 +66,7 @@ CASES = {
                                   "labels /y must be class indices 0 to 3 (its attribute "
                                   "'classes' is 4), but they range from 0 to 4"),
     "unknown algorithm": (["--allreduce=rign"],
-                          "allreduce: 'rign' is not one of horovod, mpi, ring, tree, "
-                          "butterfly, ps, ps-sharded, auto"),
+                          f"allreduce: 'rign' is not one of {', '.join(ALLREDUCE)}"),
     "unknown model": (["--model=resnet"], "model: 'resnet' is not one of mlp, cnn, wide"),
     "unknown regime": (["--regime=gossip"],
                        "regime: 'gossip' is not one of allreduce, ps, ps-sharded, async-ps"),

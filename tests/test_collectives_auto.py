@@ -32,16 +32,16 @@ def test_unmeasured_rank_counts_follow_the_model():
 
 def test_a_degenerate_fit_falls_back_to_the_ping_pong_parameters():
     zero = {**PARAMS, "fitted": {"alpha": 0.0, "beta": 0.0, "gamma": 0.0}}
-    assert auto.Profile.from_dict(zero).alpha == 1e-6
+    assert auto.Profile.from_dict(zero).params.alpha == 1e-6
     # Latency only, no cost per byte: every size would take the same time, so the
     # algorithm with the fewest messages would win at 1 GiB. Also degenerate.
     latency_only = {**PARAMS, "fitted": {"alpha": 5e-6, "beta": 0.0, "gamma": 0.0}}
-    assert (auto.Profile.from_dict(latency_only).alpha,
-            auto.Profile.from_dict(latency_only).beta) == (1e-6, 1e-9)
+    assert (auto.Profile.from_dict(latency_only).params.alpha,
+            auto.Profile.from_dict(latency_only).params.beta) == (1e-6, 1e-9)
     assert auto.Profile.from_dict(latency_only).choose(256 << 20, 48) == "ring"
     # One per-byte cost is enough to keep the fit.
     no_gamma = {**PARAMS, "fitted": {"alpha": 5e-6, "beta": 1e-9, "gamma": 0.0}}
-    assert auto.Profile.from_dict(no_gamma).alpha == 5e-6
+    assert auto.Profile.from_dict(no_gamma).params.alpha == 5e-6
 
 
 def test_measured_best_skips_horovod_auto_and_wrong_rows():

@@ -159,7 +159,7 @@ def test_the_staged_sendrecv_hands_mpi_host_arrays_and_copies_the_result_back(dt
     call()
     assert comm.sent == [(np.ndarray, np.ndarray)] * 2, "MPI only ever sees host arrays"
     # Partner is self: what arrives is what was sent (bfloat16 travels as int16 bits).
-    sent = torch.as_tensor(bench.collectives.base.flatten(buf)[0])
+    sent = torch.as_tensor(bench.collectives.buffers.flatten(buf)[0])
     assert torch.equal(call.received, sent)
     assert call.received is not buf
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from hpctrain import info, mpi_support
-from hpctrain.collectives import ALGORITHMS, DTYPES, base
+from hpctrain.collectives import ALGORITHMS, DTYPES, context
 from hpctrain.mpi_support import CudaAwareness
 from hpctrain.train import TrainConfig
 from hpctrain.train.loop import _device
@@ -178,7 +178,7 @@ def self_context(monkeypatch):
         monkeypatch.setattr(mpi_support, "cuda_awareness",
                             lambda comm=None: CudaAwareness(aware, "test"))
         comms.append(MPI.COMM_SELF.Dup())
-        return base.context(comms[-1])
+        return context(comms[-1])
     yield make
     for comm in comms:
         comm.Free()
@@ -217,7 +217,7 @@ STAGED_PROGRAM = textwrap.dedent("""
     import torch
     from mpi4py import MPI
     from hpctrain import mpi_support
-    from hpctrain.collectives import ALGORITHMS, DTYPES, OPS, allreduce, base
+    from hpctrain.collectives import ALGORITHMS, DTYPES, OPS, allreduce, buffers, context
 
     mpi_support.cuda_awareness = lambda comm=None: mpi_support.CudaAwareness(False, "test")
     allocations = []
@@ -228,10 +228,10 @@ STAGED_PROGRAM = textwrap.dedent("""
             return torch.empty(n, dtype=getattr(torch, dtype.transport))
         return ctx.workspace(("pinned", dtype.transport), count, make)[:count]
 
-    base.pinned = host_pinned
+    buffers.pinned = host_pinned
     comm = MPI.COMM_WORLD
     size, rank = comm.size, comm.rank
-    ctx = base.context(comm.Dup())
+    ctx = context(comm.Dup())
     failures = []
     for algo in sorted(set(ALGORITHMS) - {"horovod"}):
         for name, dtype in sorted(DTYPES.items()):

@@ -11,6 +11,7 @@ import time
 import h5py
 import pytest
 
+from hpctrain.collectives import cost
 from hpctrain.errors import UsageError
 from hpctrain.study import allreduce, costmodel, plots, predict
 from hpctrain.study.allreduce import describe_crossover, measured_ring_wins
@@ -18,51 +19,51 @@ from hpctrain.study.predict import prediction_table
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
-PARAMS = costmodel.Params(alpha=2e-6, beta=1 / 10e9, gamma=1 / 20e9)
+PARAMS = cost.Params(alpha=2e-6, beta=1 / 10e9, gamma=1 / 20e9)
 
 
 def test_ring_formula_matches_the_anchor():
     n, p = 64 << 20, 8
     expected = 2 * (p - 1) * PARAMS.alpha + 2 * n * (p - 1) / p * PARAMS.beta \
         + n * (p - 1) / p * PARAMS.gamma
-    assert costmodel.predict("ring", n, p, PARAMS) == pytest.approx(expected)
+    assert cost.predict("ring", n, p, PARAMS) == pytest.approx(expected)
 
 
 def test_single_parameter_server_grows_with_ranks_and_ring_does_not():
     n = 256 << 20
-    ps = [costmodel.predict("ps", n, p, PARAMS) for p in (2, 4, 8, 16)]
-    ring = [costmodel.predict("ring", n, p, PARAMS) for p in (2, 4, 8, 16)]
+    ps = [cost.predict("ps", n, p, PARAMS) for p in (2, 4, 8, 16)]
+    ring = [cost.predict("ring", n, p, PARAMS) for p in (2, 4, 8, 16)]
     # ps: 2(p-1)·n·β dominates, so time/(p-1) is nearly constant; the ring stays below 2nβ+nγ.
     assert [t / (p - 1) for t, p in zip(ps, (2, 4, 8, 16))] == pytest.approx([ps[0]] * 4,
                                                                               rel=1e-3)
     assert max(ring) < 2 * n * PARAMS.beta + n * PARAMS.gamma + 32 * PARAMS.alpha
-    assert costmodel.predict("ps-sharded", n, 16, PARAMS, servers=16) == \
-        pytest.approx(costmodel.predict("ring", n, 16, PARAMS), rel=0.01)
+    assert cost.predict("ps-sharded", n, 16, PARAMS, servers=16) == \
+        pytest.approx(cost.predict("ring", n, 16, PARAMS), rel=0.01)
 
 
 def test_butterfly_folds_non_power_of_two_ranks():
-    a4, b4, _ = costmodel.coefficients("butterfly", 8, 4)
-    a5, b5, _ = costmodel.coefficients("butterfly", 8, 5)
+    a4, b4, *_ = cost.coefficients("butterfly", 8, 4)
+    a5, b5, *_ = cost.coefficients("butterfly", 8, 5)
     assert (a4, a5) == (2, 4) and b5 == b4 + 2 * 8
 
 
 def test_no_communication_on_one_rank():
-    assert all(costmodel.predict(a, 1 << 20, 1, PARAMS) == 0 for a in costmodel.MODELLED)
+    assert all(cost.predict(a, 1 << 20, 1, PARAMS) == 0 for a in cost.modelled())
 
 
 def test_fit_recovers_the_parameters_of_synthetic_measurements():
-    points = [(algo, n, p, costmodel.predict(algo, n, p, PARAMS))
+    points = [(algo, n, p, cost.predict(algo, n, p, PARAMS))
               for algo in ("ring", "tree", "butterfly", "ps") for p in (2, 3, 4, 8)
               for n in (8, 4096, 1 << 20, 64 << 20)]
-    fitted = costmodel.fit(points)
+    fitted = cost.fit(points)
     assert (fitted.alpha, fitted.beta, fitted.gamma) == \
         pytest.approx((PARAMS.alpha, PARAMS.beta, PARAMS.gamma), rel=1e-6)
-    assert max(map(abs, costmodel.relative_errors(points, fitted))) < 1e-6
+    assert max(map(abs, cost.relative_errors(points, fitted))) < 1e-6
 
 
 def test_fit_never_returns_negative_parameters():
     points = [("ring", n, 2, 1e-5) for n in (8, 1024, 1 << 20, 1 << 24)]
-    fitted = costmodel.fit(points)
+    fitted = cost.fit(points)
     assert min(fitted.alpha, fitted.beta, fitted.gamma) >= 0
 
 
@@ -74,10 +75,10 @@ def test_crossover_predicted_and_measured():
     sizes = costmodel.powers_of_two()
     size = costmodel.crossover_size(sizes, costmodel.ring_wins("tree", 16, PARAMS, sizes))
     assert size is not None
-    assert costmodel.predict("ring", size, 16, PARAMS) <= costmodel.predict("tree", size, 16,
+    assert cost.predict("ring", size, 16, PARAMS) <= cost.predict("tree", size, 16,
                                                                             PARAMS)
-    assert costmodel.predict("ring", size // 2, 16, PARAMS) > \
-        costmodel.predict("tree", size // 2, 16, PARAMS)
+    assert cost.predict("ring", size // 2, 16, PARAMS) > \
+        cost.predict("tree", size // 2, 16, PARAMS)
     rows = [{"np": 4, "size": s, "algo": a, "time_median_us": t}
             for s, ring, tree in ((8, 9, 5), (64, 9, 6), (512, 8, 9), (4096, 10, 20))
             for a, t in (("ring", ring), ("tree", tree))]
@@ -99,7 +100,7 @@ def test_crossover_is_where_the_ring_stops_losing_for_good_measured_and_predicte
     # The model's butterfly at p = 4 is not monotone either: with a small α the ring wins
     # from 4 KiB up to 32 KiB, and loses again once the butterfly switches to Rabenseifner
     # at 64 KiB (same bytes, 4 messages against the ring's 6).
-    params = costmodel.Params(alpha=1e-7, beta=1e-10, gamma=5e-11)
+    params = cost.Params(alpha=1e-7, beta=1e-10, gamma=5e-11)
     sizes = costmodel.powers_of_two(8, 1 << 20)
     wins = costmodel.ring_wins("butterfly", 4, params, sizes)
     assert wins[sizes.index(4096)] and wins[sizes.index(32768)] and not wins[-1]
@@ -120,14 +121,14 @@ def test_the_summary_tells_always_from_never():
 
 def _synthetic(scale_over=1.0, algos=("ring", "tree", "butterfly", "ps")):
     # Exact model times at p = 2; at p = 3 (oversubscribed on 2 cores) ``scale_over`` times.
-    return [(algo, n, p, costmodel.predict(algo, n, p, PARAMS) * (scale_over if p > 2 else 1))
+    return [(algo, n, p, cost.predict(algo, n, p, PARAMS) * (scale_over if p > 2 else 1))
             for algo in algos for p in (2, 3) for n in (8, 4096, 1 << 20, 64 << 20)]
 
 
 def test_fit_leaves_out_oversubscribed_points_when_the_others_suffice():
     points = _synthetic(scale_over=5.0)   # ranks taking turns on 2 cores: 5x slower
     assert allreduce.fit_plan(points, cores=2) == ([2], True)
-    fitted = costmodel.fit([pt for pt in points if pt[2] == 2])
+    fitted = cost.fit([pt for pt in points if pt[2] == 2])
     assert (fitted.alpha, fitted.beta, fitted.gamma) == \
         pytest.approx((PARAMS.alpha, PARAMS.beta, PARAMS.gamma), rel=1e-6)
     assert allreduce.fit_plan(points, cores=4) == ([2, 3], True)
@@ -137,9 +138,9 @@ def test_points_that_cannot_separate_beta_from_gamma_keep_the_measured_gamma():
     # Ring and parameter server send twice the bytes they reduce at every p: no choice of
     # rank counts separates β from γ, and a free fit would split 2β + γ arbitrarily.
     both = _synthetic(algos=("ring", "ps"))
-    assert not costmodel.determined(both)
+    assert not cost.determined(both)
     assert allreduce.fit_plan(both, cores=2) == ([2], False)
-    fitted = costmodel.fit([pt for pt in both if pt[2] == 2], gamma=PARAMS.gamma)
+    fitted = cost.fit([pt for pt in both if pt[2] == 2], gamma=PARAMS.gamma)
     assert (fitted.alpha, fitted.beta, fitted.gamma) == \
         pytest.approx((PARAMS.alpha, PARAMS.beta, PARAMS.gamma), rel=1e-6)
     rows = [{"np": p, "size": n, "algo": a} for a, n, p, _ in both]
@@ -180,11 +181,12 @@ def test_prediction_tables_give_time_and_busbw_and_the_growth_of_ps():
     text = predict.prediction_markdown(prediction_table(PARAMS))
     time_part, busbw_part = text.split("Bus bandwidth (GB/s):")
     assert time_part.startswith("Time (µs):")
-    header = "| p | size | butterfly | mpi | ps | ps-sharded | ring | tree | fastest |"
+    algos = sorted(cost.modelled())
+    header = "| p | size | " + " | ".join(algos) + " | fastest |"
     assert header in time_part and header in busbw_part
     row = re.search(r"^\| 4096 \| 1 GiB \| .*$", busbw_part, re.M).group(0).split(" | ")
-    ring, ps = float(row[6]), float(row[4])
-    seconds = costmodel.predict("ring", 1 << 30, 4096, PARAMS)
+    ring, ps = float(row[2 + algos.index("ring")]), float(row[2 + algos.index("ps")])
+    seconds = cost.predict("ring", 1 << 30, 4096, PARAMS)
     assert ring == pytest.approx(costmodel.busbw(1 << 30, 4096, seconds) / 1e9, rel=1e-2)
     # The ring's busbw at any p stays near 2 / (2β + γ); the single server's falls as 1/p.
     assert ring > 0.9 * 2 / (2 * PARAMS.beta + PARAMS.gamma) / 1e9 and ps < ring / 1000
@@ -203,8 +205,9 @@ def test_predict_writes_both_plots_and_falls_back_like_auto(tmp_path, capsys):
     profile.write_text(json.dumps({"fitted": {"alpha": 5e-6, "beta": 0.0, "gamma": 0.0},
                                    "p2p_prior": {"alpha": 1e-6, "beta": 1e-10,
                                                  "gamma": 5e-11}}))
-    params, note = predict.load_params(_predict_args(tmp_path, params=str(profile)))
-    assert params == costmodel.Params(1e-6, 1e-10, 5e-11) and "p2p prior" in note
+    params, note, per_node = predict.load_params(_predict_args(tmp_path, params=str(profile)))
+    assert per_node == predict.RANKS_PER_NODE   # neither the study nor the command says
+    assert params == cost.Params(1e-6, 1e-10, 5e-11) and "p2p prior" in note
     assert predict.run(_predict_args(tmp_path, params=str(profile))) == 0
     for name in ("prediction.png", "prediction_time.png"):
         assert (tmp_path / name).read_bytes()[:8] == PNG

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from hpctrain.errors import UsageError
-from hpctrain.train.config import (TrainConfig, checkpoint_interval, keys, load_config,
-                                   parse_overrides)
+from hpctrain.train.config import (ALLREDUCE, TrainConfig, checkpoint_interval, keys,
+                                   load_config, parse_overrides)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -64,7 +64,7 @@ def test_unknown_key_lists_the_valid_keys(tmp_path):
 
 
 @pytest.mark.parametrize("key, text, message", [
-    ("allreduce", "rign", "not one of horovod, mpi, ring, tree, butterfly, ps, ps-sharded"),
+    ("allreduce", "rign", "not one of " + ", ".join(ALLREDUCE)),
     ("regime", "sync", "not one of allreduce, ps, ps-sharded, async-ps"),
     ("epochs", "three", "not a valid int"),
     ("epochs", "0", "epochs must be >= 1"),

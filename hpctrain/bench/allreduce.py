@@ -223,7 +223,7 @@ def sendrecv_call(buf, comm, path=None):
     transport view, on ``buf``'s device)."""
     peer = comm.rank ^ 1 if comm.rank ^ 1 < comm.size else comm.rank
     path = path or sendrecv_path(buf, None)
-    flat = collectives.base.flatten(buf)[0]   # the transport view the collectives send
+    flat = collectives.buffers.flatten(buf)[0]   # the transport view the collectives send
     _sync(buf)
     sendrecv = comm.Sendrecv
     if path == "staged":

@@ -6,8 +6,11 @@ size. For a call of ``n`` bytes on ``p`` ranks, :meth:`Profile.choose` takes
 
 - the measured winner at the measured size nearest to ``n`` (in log scale) when the study
   ran at ``p`` ranks: measurements beat a model wherever they exist;
-- otherwise the algorithm the cost model predicts fastest (ring, tree or butterfly; ``mpi``
-  is modelled as the better of ring and butterfly, so it never wins on the model alone).
+- otherwise the algorithm the cost model (:mod:`.cost`) predicts fastest among those that
+  say they may be chosen so (``chosen_by_model``: ring, tree, butterfly, hierarchical;
+  ``mpi`` is modelled as the better of ring and butterfly, so it never wins on the model
+  alone). A profile measured with ranks placed ``ranks_per_node`` to a node predicts for
+  ``ceil(p / ranks_per_node)`` nodes; otherwise for one.
 
     from hpctrain.collectives import allreduce, auto
     auto.use(auto.load("runs/study-allreduce/params.json", comm))   # collective
@@ -22,12 +25,17 @@ import json
 import math
 from dataclasses import dataclass, field
 
+from . import cost
+from .algorithm import ALGORITHMS
 from ..errors import UsageError
 
-#: What the model may choose where nothing was measured.
-MODEL_CHOICES = ("ring", "tree", "butterfly")
 #: Never chosen: Horovod runs through its own thread and path, not through ``allreduce``.
 NOT_CHOSEN = ("horovod",)
+
+
+def model_choices():
+    """What the model may choose where nothing was measured, from the registry."""
+    return tuple(name for name, algorithm in ALGORITHMS.items() if algorithm.chosen_by_model)
 
 _ACTIVE = []        # [Profile] once use() was called
 #: The name under which ``allreduce`` caches the plans of ``algo="auto"``: new with every
@@ -39,25 +47,22 @@ NAME = ["auto#0"]
 class Profile:
     """Model parameters plus the measured winners: ``best[p] = ((size, algo), ...)``."""
 
-    alpha: float
-    beta: float
-    gamma: float
-    switch_bytes: int = 64 << 10
+    params: cost.Params
+    switch_bytes: int = cost.DEFAULT_SWITCH_BYTES
     best: dict = field(default_factory=dict)
     source: str = ""
+    ranks_per_node: int = 0
 
     @classmethod
     def from_dict(cls, data, source=""):
         """A profile from ``params.json``'s content; ``UsageError`` naming what is missing."""
-        from ..study import costmodel
-
         try:
             # A degenerate fit (no cost per byte) falls back to the ping-pong parameters.
-            params = costmodel.params_of(data)
+            params = cost.params_of(data)
             best = {int(p): tuple(sorted((int(size), str(algo)) for size, algo in rows))
                     for p, rows in data.get("measured_best", {}).items()}
-            return cls(params.alpha, params.beta, params.gamma,
-                       int(data.get("switch_bytes", 64 << 10)), best, source)
+            return cls(params, int(data.get("switch_bytes", cost.DEFAULT_SWITCH_BYTES)), best,
+                       source, int(data.get("ranks_per_node") or 0))
         except (KeyError, TypeError, ValueError) as exc:
             raise UsageError(f"{source or 'profile'} is not an allreduce profile (the "
                              f"params.json of `hpctrain study allreduce`): {exc!r}") from None
@@ -72,11 +77,9 @@ class Profile:
             j = min(near, key=lambda k: abs(math.log2(max(sizes[k], 1))
                                             - math.log2(max(nbytes, 1))))
             return rows[j][1]
-        from ..study import costmodel
-
-        params = costmodel.Params(self.alpha, self.beta, self.gamma)
-        return min(MODEL_CHOICES, key=lambda algo: costmodel.predict(
-            algo, nbytes, ranks, params, switch_bytes=self.switch_bytes))
+        nodes = -(-ranks // self.ranks_per_node) if self.ranks_per_node else 1
+        return min(model_choices(), key=lambda algo: cost.predict(
+            algo, nbytes, ranks, self.params, nodes, switch_bytes=self.switch_bytes))
 
 
 def measured_best(rows):

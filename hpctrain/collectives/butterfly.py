@@ -16,13 +16,15 @@ extra messages of ``n`` bytes on those ranks.
 Option ``switch_bytes`` (default 64 KiB): the message size from which Rabenseifner is used.
 """
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 
-from . import base
-from .base import Algorithm, add_few, chunk_bounds, mpi_datatype, register
+from .algorithm import Algorithm, chunk_bounds, flat_cost, register
+from .dtypes import mpi_datatype
+from .reduce import add_few
 from ..errors import UsageError
 
 SWITCH_BYTES = 64 * 1024
@@ -81,14 +83,18 @@ class Butterfly(Algorithm):
 
     name = "butterfly"
     options = {"switch_bytes": SWITCH_BYTES}
-    tag = 13
+    chosen_by_model = True
 
     def validate(self, size, params):
         if params[0] < 0:
             raise UsageError(f"allreduce option switch_bytes={params[0]} must be >= 0")
         return (int(params[0]),)
 
-    def schedule(self, size, rank, count, itemsize, params):
+    def examples(self, size):
+        """The default switch, Rabenseifner always, recursive doubling always."""
+        return [{}, {"switch_bytes": 0}, {"switch_bytes": 1 << 40}]
+
+    def schedule(self, size, rank, count, itemsize, params, setup=None):
         return butterfly_schedule(size, rank, count, count * itemsize >= params[0])
 
     def bind(self, comm, plan):
@@ -131,7 +137,9 @@ class Butterfly(Algorithm):
         datatype = mpi_datatype(plan.dtype)
         incoming = plan.scratch[:plan.count]
         # mpi4py reads its own buffer objects a little faster than arrays.
-        buffer = base.MPI.buffer
+        from mpi4py import MPI
+
+        buffer = MPI.buffer
         send, received = [buffer(flat), datatype], [buffer(incoming), datatype]
         mine, theirs = memoryview(flat), memoryview(incoming)
 
@@ -165,6 +173,33 @@ class Butterfly(Algorithm):
                 reduce(flat, incoming)
         if sched.fold == "in":
             comm.Send(flat, sched.partner, tag)
+
+
+    def cost(self, nbytes, ranks, nodes, params):
+        """On ``N`` nodes of ``k`` ranks placed by slot, the steps with a partner ``k`` or
+        more ranks away cross the node's link, all ``k`` ranks of the node at once: the
+        link carries ``k`` times a rank's bytes of those steps. The fold's partners are
+        neighbours, on one node."""
+        n, low = nbytes, 1 << (ranks.bit_length() - 1)   # largest power of two <= p
+        fold = ranks != low   # extra ranks send their data in first and get the result after
+        lg = math.log2(low)
+        k = max(ranks / max(nodes, 1), 1.0)
+        lg_in = min(math.log2(k), lg)          # steps inside a node
+        lg_out = lg - lg_in                    # steps between nodes
+        if n < params[0]:
+            inside = (lg_in, n * lg_in)
+            between = (lg_out, k * n * lg_out)
+            reduced = n * lg
+        else:
+            crossing = n * (1 - 2 ** -lg_out)  # the first, largest halves cross
+            inside = (2 * lg_in, 2 * (n - crossing) * (1 - 2 ** -lg_in))
+            between = (2 * lg_out, 2 * k * crossing)
+            reduced = n * (low - 1) / low
+        if nodes <= 1:
+            return flat_cost(inside[0] + between[0] + 2 * fold,
+                             inside[1] + between[1] + 2 * n * fold, reduced + n * fold, 1)
+        return (inside[0] + 2 * fold, inside[1] + 2 * n * fold, reduced + n * fold,
+                between[0], between[1])
 
 
 def _rabenseifner(comm, flat, scratch, reduce, steps, tag):

@@ -14,7 +14,7 @@ accurate than the other algorithms' bfloat16.
 
 import numpy as np
 
-from .base import Algorithm, register
+from .algorithm import Algorithm, register
 from ..errors import UsageError
 
 _HOROVOD = []          # [horovod.torch, whether we called hvd.init], once initialised

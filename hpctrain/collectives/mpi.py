@@ -9,7 +9,8 @@ by a user-defined operation that calls back into Python (torch), once per segmen
 but slower than the library's built-in operations.
 """
 
-from .base import Algorithm, host_reducer, register
+from .algorithm import ALGORITHMS, Algorithm, register
+from .reduce import host_reducer
 
 _OPS = {}   # (dtype name, op) -> (MPI.IN_PLACE, MPI.Op): looked up once per call
 
@@ -51,6 +52,14 @@ class MpiAllreduce(Algorithm):
     def run(self, comm, flat, plan):
         in_place, op = _OPS.get((plan.dtype.name, plan.op)) or mpi_op(plan.dtype, plan.op)
         comm.Allreduce(in_place, flat, op=op)
+
+    fitted = False   # the better of two formulas is not one linear row
+
+    def predict(self, nbytes, ranks, nodes, params, machine):
+        """The better of ring and butterfly (default switch): what a tuned library picks."""
+        return min(ALGORITHMS[name].predict(nbytes, ranks, nodes,
+                                            ALGORITHMS[name].parameters(ranks, {}), machine)
+                   for name in ("ring", "butterfly"))
 
     def device_capable(self, dtype, cuda_aware):
         # A Python reduction callback cannot read device memory.

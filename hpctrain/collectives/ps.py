@@ -16,7 +16,8 @@
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .base import Algorithm, RootedAlgorithm, chunk_bounds, register, waitall
+from .algorithm import (Algorithm, RootedAlgorithm, chunk_bounds, flat_cost, register,
+                        waitall)
 from ..errors import UsageError
 
 
@@ -61,9 +62,9 @@ class ParameterServer(RootedAlgorithm):
     """One server rank gathers, reduces and returns every vector (point-to-point)."""
 
     name = "ps"
-    tag = 14
+    tags = 2
 
-    def schedule(self, size, rank, count, itemsize, params):
+    def schedule(self, size, rank, count, itemsize, params, setup=None):
         return server_schedule(size, rank, count, params[0])
 
     def run(self, comm, flat, plan):
@@ -84,6 +85,9 @@ class ParameterServer(RootedAlgorithm):
                 pending.append(comm.Irecv(slots[i % 2], workers[i + 2], tag))
         waitall([comm.Isend(flat, worker, tag + 1) for worker in workers])
 
+    def cost(self, nbytes, ranks, nodes, params):
+        return server_cost(nbytes, ranks, nodes, 1)
+
 
 @register
 class ShardedParameterServer(Algorithm):
@@ -91,7 +95,7 @@ class ShardedParameterServer(Algorithm):
 
     name = "ps-sharded"
     options = {"servers": None}
-    tag = 16
+    tags = 2
 
     def validate(self, size, params):
         servers = size if params[0] is None else params[0]
@@ -100,7 +104,11 @@ class ShardedParameterServer(Algorithm):
                              f"values are 1 to {size} (the number of ranks)")
         return (int(servers),)
 
-    def schedule(self, size, rank, count, itemsize, params):
+    def examples(self, size):
+        """Every number of servers."""
+        return [{"servers": k} for k in range(1, size + 1)]
+
+    def schedule(self, size, rank, count, itemsize, params, setup=None):
         return sharded_schedule(size, rank, count, params[0])
 
     def run(self, comm, flat, plan):
@@ -124,3 +132,16 @@ class ShardedParameterServer(Algorithm):
         if sched.clients:
             requests += [comm.Isend(shards[rank], client, tag + 1) for client in sched.clients]
         waitall(requests)
+
+    def cost(self, nbytes, ranks, nodes, params):
+        return server_cost(nbytes, ranks, nodes, params[0])
+
+
+def server_cost(nbytes, ranks, nodes, servers):
+    """The cost vector of ``servers`` servers. Every link of a server carries its shard
+    of every contribution in and of every result out: ``2n(p-1)/k`` bytes. The ``p - 1``
+    messages of each round are posted at once, so their time on the wire overlaps, but the
+    work of sending and receiving each one, most of α, does not: ``2(p-1)`` messages, an
+    upper bound where the wire's latency dominates α."""
+    p, k = ranks, min(servers, ranks)
+    return flat_cost(2 * (p - 1), 2 * nbytes * (p - 1) / k, nbytes * (p - 1) / k, nodes)

@@ -9,12 +9,15 @@ around the ring, received straight into place.
 Cost: ``2(p-1)α + 2n(p-1)/p β + n(p-1)/p γ``. Every rank sends and receives ``2n(p-1)/p``
 bytes, the lower bound for any allreduce, so the ring wins for large messages; its
 ``2(p-1)`` latencies make it lose for small ones.
+
+The two phases are written as functions of any chunk bounds (:func:`ring_over`), so that
+other algorithms can run them on a sub-communicator (see :mod:`.hierarchical`).
 """
 
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .base import Algorithm, chunk_bounds, register
+from .algorithm import Algorithm, chunk_bounds, flat_cost, register
 
 
 @dataclass(frozen=True)
@@ -31,17 +34,46 @@ class RingSchedule:
 @lru_cache(maxsize=256)
 def ring_schedule(size, rank, count):
     """The ring schedule of ``rank`` among ``size`` ranks for ``count`` elements."""
-    bounds = chunk_bounds(count, size)
+    return ring_over(size, rank, chunk_bounds(count, size))
 
+
+def ring_over(size, rank, bounds):
+    """The ring schedule of ``rank`` among ``size`` ranks for the ``size`` chunks whose
+    element offsets are ``bounds``; rank ``r`` ends the reduce-scatter owning chunk
+    :func:`owned_chunk` ``(size, r)``."""
     def step(send, recv):
         send, recv = send % size, recv % size
         return bounds[send], bounds[send + 1], bounds[recv], bounds[recv + 1]
 
     reduce_scatter = tuple(step(rank - s, rank - s - 1) for s in range(size - 1))
     allgather = tuple(step(rank + 1 - s, rank - s) for s in range(size - 1))
-    largest = bounds[1] - bounds[0]
+    largest = max(bounds[i + 1] - bounds[i] for i in range(size))
     return RingSchedule((rank + 1) % size, (rank - 1) % size, reduce_scatter, allgather,
                         largest)
+
+
+def owned_chunk(size, rank):
+    """The chunk whose complete sum ``rank`` holds after the reduce-scatter."""
+    return (rank + 1) % size
+
+
+def reduce_scatter(comm, flat, sched, scratch, reduce, tag):
+    """The ring's reduce-scatter of ``flat`` over ``comm`` (``p - 1`` steps)."""
+    right, left = sched.right, sched.left
+    # Sendrecv pairs each send with its receive: with a blocking Send to the right first,
+    # every rank would wait for its neighbour to receive, a deadlock as soon as chunks are
+    # too large for MPI to buffer.
+    for send_lo, send_hi, recv_lo, recv_hi in sched.reduce_scatter:
+        incoming = scratch[:recv_hi - recv_lo]
+        comm.Sendrecv(flat[send_lo:send_hi], right, tag, incoming, left, tag)
+        reduce(flat[recv_lo:recv_hi], incoming)
+
+
+def allgather(comm, flat, sched, tag):
+    """The ring's allgather of the complete chunks of ``flat`` over ``comm``."""
+    right, left = sched.right, sched.left
+    for send_lo, send_hi, recv_lo, recv_hi in sched.allgather:
+        comm.Sendrecv(flat[send_lo:send_hi], right, tag, flat[recv_lo:recv_hi], left, tag)
 
 
 @register
@@ -49,20 +81,15 @@ class Ring(Algorithm):
     """Ring allreduce (reduce-scatter + allgather); bandwidth-optimal for large messages."""
 
     name = "ring"
-    tag = 11
+    chosen_by_model = True
 
-    def schedule(self, size, rank, count, itemsize, params):
+    def schedule(self, size, rank, count, itemsize, params, setup=None):
         return ring_schedule(size, rank, count)
 
     def run(self, comm, flat, plan):
-        sched, scratch, reduce, tag = plan.schedule, plan.scratch, plan.reduce, self.tag
-        right, left = sched.right, sched.left
-        # Sendrecv pairs each send with its receive: with a blocking Send to the right
-        # first, every rank would wait for its neighbour to receive, a deadlock as soon as
-        # chunks are too large for MPI to buffer.
-        for send_lo, send_hi, recv_lo, recv_hi in sched.reduce_scatter:
-            incoming = scratch[:recv_hi - recv_lo]
-            comm.Sendrecv(flat[send_lo:send_hi], right, tag, incoming, left, tag)
-            reduce(flat[recv_lo:recv_hi], incoming)
-        for send_lo, send_hi, recv_lo, recv_hi in sched.allgather:
-            comm.Sendrecv(flat[send_lo:send_hi], right, tag, flat[recv_lo:recv_hi], left, tag)
+        reduce_scatter(comm, flat, plan.schedule, plan.scratch, plan.reduce, self.tag)
+        allgather(comm, flat, plan.schedule, self.tag)
+
+    def cost(self, nbytes, ranks, nodes, params):
+        n, p = nbytes, ranks
+        return flat_cost(2 * (p - 1), 2 * n * (p - 1) / p, n * (p - 1) / p, nodes)

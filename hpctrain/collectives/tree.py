@@ -10,10 +10,11 @@ every level twice and the ranks near the root do the most work: it suits small m
 and cases where the result is wanted at one root first (``root=`` option, default 0).
 """
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .base import RootedAlgorithm, register
+from .algorithm import RootedAlgorithm, flat_cost, register
 
 
 @dataclass(frozen=True)
@@ -45,9 +46,9 @@ class Tree(RootedAlgorithm):
     """Binomial-tree reduce to ``root`` then binomial-tree broadcast."""
 
     name = "tree"
-    tag = 12
+    chosen_by_model = True
 
-    def schedule(self, size, rank, count, itemsize, params):
+    def schedule(self, size, rank, count, itemsize, params, setup=None):
         return tree_schedule(size, rank, count, params[0])
 
     def run(self, comm, flat, plan):
@@ -63,3 +64,7 @@ class Tree(RootedAlgorithm):
         # The largest subtree first: it has the most levels still to go.
         for child in reversed(sched.children):
             comm.Send(flat, child, tag)
+
+    def cost(self, nbytes, ranks, nodes, params):
+        steps = math.ceil(math.log2(ranks))
+        return flat_cost(2 * steps, 2 * nbytes * steps, nbytes * steps, nodes)

@@ -23,10 +23,12 @@ from . import costmodel, launcher, plots
 from .sweep import machine_lines, rank_counts, say
 from .predict import prediction_table, prediction_markdown
 from .. import collectives
-from ..collectives import auto
+from ..collectives import auto, cost
 
 #: The smallest size a study sweeps: one element of the benchmark's float32.
 SMALLEST = 4
+#: Ranks per node assumed for the prediction at scale when the study ran on one machine.
+SCALE_PER_NODE = 8
 QUICK = {"np": "2,3", "sizes": "8:1M", "factor": 16, "iters": 5, "warmup": 1}
 
 
@@ -37,6 +39,10 @@ def run(args):
             if getattr(args, key) is None:
                 setattr(args, key, value)
     ranks = rank_counts(args.np or "2,3,4", minimum=2)
+    args.ranks_per_node = getattr(args, "ranks_per_node", 0) or 0
+    if args.ranks_per_node < 0:
+        raise UsageError(f"--ranks-per-node must be >= 0 (0: one node), got "
+                         f"{args.ranks_per_node}")
     factor, iters, warmup = args.factor or 4, args.iters or 10, args.warmup or 2
     low, high = _size_span(args.sizes or "8:64M", factor)
     os.makedirs(args.out, exist_ok=True)
@@ -47,7 +53,7 @@ def run(args):
     p2p = _bench(args, 2, "p2p", "-b", low, "-e", high, "-f", factor, "-n", iters * 5,
                  "-w", warmup)
     gamma = measure_gamma(high)
-    prior = costmodel.Params(p2p["alpha_s"], p2p["beta_s_per_byte"], gamma)
+    prior = cost.Params(p2p["alpha_s"], p2p["beta_s_per_byte"], gamma)
     names = [a for a in (args.algos.split(",") if args.algos else collectives.available())
              if a != "auto"]
     runs = [names]
@@ -64,23 +70,34 @@ def run(args):
                             "-b", low, "-e", high, "-f", factor, "-n", iters, "-w", warmup)
             (repeat if i else rows).extend({**row, "np": p, "oversubscribed": int(p > cores)}
                                            for row in result["rows"])
-    points = [(r["algo"], r["size"], r["np"], r["time_median_us"] * 1e-6) for r in rows]
+    for row in rows + repeat:
+        row["nodes"] = nodes_of(row["np"], args.ranks_per_node)
+    points = [(r["algo"], r["size"], r["np"], r["time_median_us"] * 1e-6, r.get("nodes", 1))
+              for r in rows]
     fit_ranks, all_three = fit_plan(points, cores)
     # Points that cannot separate β from γ (every algorithm measured sends as many bytes as
     # it reduces, times two, say) keep γ at the local add's measured value.
-    fitted = costmodel.fit([pt for pt in points if pt[2] in fit_ranks],
-                           gamma=None if all_three else prior.gamma)
+    fitted = cost.fit([pt for pt in points if pt[2] in fit_ranks],
+                      gamma=None if all_three else prior.gamma)
+    modelled = cost.modelled()
     for row in rows + repeat:
-        row["model_us"] = (costmodel.predict(row["algo"], row["size"], row["np"], fitted) * 1e6
-                           if row["algo"] in costmodel.MODELLED else float("nan"))
-    scale = prediction_table(fitted)
+        row["model_us"] = (cost.predict(row["algo"], row["size"], row["np"], fitted,
+                                        row["nodes"]) * 1e6
+                           if row["algo"] in modelled else float("nan"))
+    scale = prediction_table(fitted, ranks_per_node=args.ranks_per_node or SCALE_PER_NODE)
     write_outputs(args.out, p2p, rows, repeat, prior, fitted, fit_ranks, all_three, scale,
-                  cores, ranks)
+                  cores, ranks, args.ranks_per_node)
     if repeat:
         say(auto_verdict(auto_points(rows, repeat)))
     wrong = sum(max(r["wrong"], 0) for r in rows + repeat)
     say(f"report in {args.out} ({time.monotonic() - started:.0f} s); wrong values: {wrong}")
     return 1 if wrong else 0
+
+
+def nodes_of(ranks, ranks_per_node):
+    """The nodes ``ranks`` ranks span when placed ``ranks_per_node`` to a node (by slot);
+    one when ``ranks_per_node`` is 0 (a single machine)."""
+    return -(-ranks // ranks_per_node) if ranks_per_node else 1
 
 
 def fit_plan(points, cores):
@@ -89,11 +106,14 @@ def fit_plan(points, cores):
 
     The rank counts with no more ranks than ``cores`` when their points determine all three;
     else every rank count when those do; else the ones within the cores again (every one if
-    none is), fitted for α and β only."""
-    ranks = sorted({p for _, _, p, _ in points})
+    none is), fitted for α and β only. Points that span several nodes (a cluster, real or
+    emulated) are all used: only they show the links between nodes."""
+    ranks = sorted({point[2] for point in points})
     inside = [p for p in ranks if p <= cores and p > 1] or ranks
+    if any(point[4:] and point[4] > 1 for point in points):
+        inside = ranks
     for subset in (inside, ranks):
-        if costmodel.determined([pt for pt in points if pt[2] in subset]):
+        if cost.determined([pt for pt in points if pt[2] in subset]):
             return subset, True
     return inside, False
 
@@ -111,7 +131,7 @@ def measure_gamma(nbytes, repeats=5):
 
 
 def write_outputs(out, p2p, rows, repeat, prior, fitted, fit_ranks, all_three, scale, cores,
-                  ranks):
+                  ranks, ranks_per_node=0):
     """study.h5, params.json, the plots and summary.md."""
     env = report.environment()
     report.write_hdf5(os.path.join(out, "study.h5"), "allreduce", rows,
@@ -121,14 +141,15 @@ def write_outputs(out, p2p, rows, repeat, prior, fitted, fit_ranks, all_three, s
     report.write_json(os.path.join(out, "params.json"),
                       {"fitted": fitted.as_dict(), "p2p_prior": prior.as_dict(),
                        "fit_ranks": fit_ranks, "gamma_fitted": all_three,
-                       "switch_bytes": costmodel.DEFAULT_SWITCH_BYTES, "cores": cores,
+                       "switch_bytes": cost.DEFAULT_SWITCH_BYTES, "cores": cores,
+                       "ranks_per_node": ranks_per_node,
                        "measured_best": auto.measured_best(rows)})
     for p in ranks:
         plots.busbw_vs_size(rows, p, os.path.join(out, f"busbw_p{p}.png"), cores)
     sizes = sorted({r["size"] for r in rows if r["size"] > 0})
     for size in {sizes[0], sizes[len(sizes) // 2], sizes[-1]}:
         plots.time_vs_ranks(rows, size, fitted, os.path.join(out, f"time_vs_p_{size}B.png"),
-                            cores)
+                            cores, ranks_per_node)
     title = "predicted allreduce {} at scale (fitted α, β, γ)"
     plots.prediction(scale, os.path.join(out, "prediction.png"), title.format("busbw"))
     plots.prediction(scale, os.path.join(out, "prediction_time.png"), title.format("time"),
@@ -152,16 +173,19 @@ def summary(rows, repeat, prior, fitted, fit_ranks, all_three, scale, cores, env
     lines = ["# Allreduce scaling study", "",
              *machine_lines(cores, env, sorted({r["np"] for r in rows})), "",
              "## Model parameters", "",
-             "| set | α (µs) | β (ns/B) | 1/β (GB/s) | γ (ns/B) |", "|---|---|---|---|---|"]
+             "| set | α (µs) | β (ns/B) | 1/β (GB/s) | γ (ns/B) | α' (µs) | 1/β' (GB/s) |",
+             "|---|---|---|---|---|---|---|"]
     for name, params in (("from p2p + local add", prior), ("fitted to allreduces", fitted)):
-        inverse = f"{1 / params.beta / 1e9:.2f}" if params.beta > 0 else "∞"
         lines.append(f"| {name} | {params.alpha * 1e6:.2f} | {params.beta * 1e9:.4f} | "
-                     f"{inverse} | {params.gamma * 1e9:.4f} |")
+                     f"{_rate(params.beta)} | {params.gamma * 1e9:.4f} | "
+                     f"{'=' if params.alpha_inter is None else f'{params.alpha_inter * 1e6:.2f}'}"
+                     f" | {'=' if params.beta_inter is None else _rate(params.beta_inter)} |")
+    lines += ["", "α', β': between nodes (`=`: the same as inside, one level fitted)."]
     lines += ["", fit_note(rows, fit_ranks, cores, all_three), "",
               "## Model error on every measured point (fitted parameters)", "",
               _error_summary(rows, prior, fitted, fit_ranks), "", _point_table(rows, fit_ranks),
-              "", "## Crossovers: the size from which on the ring is never slower than tree "
-              "and butterfly", "", _crossovers(rows, fitted), ""]
+              "", "## Crossovers: the size from which on the ring is never slower than the "
+              "other algorithms auto's model may choose", "", _crossovers(rows, fitted), ""]
     if any(r["algo"] == "auto" for r in rows):
         lines += ["## `--allreduce auto` against the best fixed algorithm", "",
                   _auto_table(rows, repeat), ""]
@@ -169,9 +193,14 @@ def summary(rows, repeat, prior, fitted, fit_ranks, all_three, scale, cores, env
     return "\n".join(lines)
 
 
+def _rate(beta):
+    return f"{1 / beta / 1e9:.2f}" if beta > 0 else "∞"
+
+
 def fit_note(rows, fit_ranks, cores, all_three=True):
     """Which points α, β, γ were fitted to, and why."""
-    modelled = [r for r in rows if r["algo"] in costmodel.MODELLED and r["algo"] != "mpi"]
+    fitted = cost.fitted_algorithms()
+    modelled = [r for r in rows if r["algo"] in fitted]
     used = sum(r["np"] in fit_ranks for r in modelled)
     over = sorted({r["np"] for r in rows if r["np"] > cores})
     ranks = ", ".join(map(str, fit_ranks))
@@ -192,14 +221,13 @@ def _error_summary(rows, prior, fitted, fit_ranks):
     lines = ["| algorithm | median abs. error, fitted points | max abs. error, fitted points | "
              "median abs. error, other points | median abs. error, p2p prior (all) |",
              "|---|---|---|---|---|"]
-    for algo in sorted({r["algo"] for r in rows if r["algo"] in costmodel.MODELLED}):
-        mine = [(r["algo"], r["size"], r["np"], r["time_median_us"] * 1e-6) for r in rows
-                if r["algo"] == algo]
-        inside = np.abs(costmodel.relative_errors([m for m in mine if m[2] in fit_ranks],
-                                                  fitted))
-        others = np.abs(costmodel.relative_errors([m for m in mine if m[2] not in fit_ranks],
-                                                  fitted))
-        err_prior = np.abs(costmodel.relative_errors(mine, prior))
+    for algo in sorted({r["algo"] for r in rows if r["algo"] in cost.modelled()}):
+        mine = [(r["algo"], r["size"], r["np"], r["time_median_us"] * 1e-6, r.get("nodes", 1))
+                for r in rows if r["algo"] == algo]
+        inside = np.abs(cost.relative_errors([m for m in mine if m[2] in fit_ranks], fitted))
+        others = np.abs(cost.relative_errors([m for m in mine if m[2] not in fit_ranks],
+                                             fitted))
+        err_prior = np.abs(cost.relative_errors(mine, prior))
         if len(err_prior):
             lines.append(f"| {algo} | {_percent(np.median, inside)} | {_percent(np.max, inside)}"
                          f" | {_percent(np.median, others)} | {np.median(err_prior):.0%} |")
@@ -219,8 +247,8 @@ def _point_table(rows, fit_ranks):
         error = f"{(model - r['time_median_us']) / r['time_median_us']:+.0%}" \
             if np.isfinite(model) and r["time_median_us"] > 0 else "n/a"
         shown = f"{model:.1f}" if np.isfinite(model) else "n/a"
-        fitted = "yes" if r["np"] in fit_ranks and r["algo"] in costmodel.MODELLED \
-            and r["algo"] != "mpi" else "no"
+        fitted = "yes" if r["np"] in fit_ranks and r["algo"] in cost.fitted_algorithms() \
+            else "no"
         lines.append(f"| {r['np']}{star} | {format_size(r['size'])} | {r['algo']} | "
                      f"{r['time_median_us']:.1f} | {shown} | {error} | {fitted} |")
     return "\n".join(lines)
@@ -233,15 +261,17 @@ def _crossovers(rows, fitted):
              "|---|---|---|---|---|"]
     algos = {r["algo"] for r in rows}
     for p in sorted({r["np"] for r in rows if r["np"] > 1}):
-        for other in ("tree", "butterfly"):
+        for other in (a for a in auto.model_choices() if a != "ring"):
             if not {other, "ring"} <= algos:
                 continue
             sizes, wins = measured_ring_wins(rows, p, other)
             fine = costmodel.powers_of_two(sizes[0], sizes[-1]) if sizes else []
+            nodes = next(r.get("nodes", 1) for r in rows if r["np"] == p)
+            predicted = [describe_crossover(s, costmodel.ring_wins(other, p, fitted, s,
+                                                                   nodes=nodes))
+                         for s in (sizes, fine)]
             lines.append(
-                f"| {p} | {other} | "
-                f"{describe_crossover(sizes, costmodel.ring_wins(other, p, fitted, sizes))} | "
-                f"{describe_crossover(fine, costmodel.ring_wins(other, p, fitted, fine))} | "
+                f"| {p} | {other} | {predicted[0]} | {predicted[1]} | "
                 f"{describe_crossover(sizes, wins)} |")
     return "\n".join(lines)
 

@@ -39,6 +39,9 @@ def add_parser(subparsers):
     allreduce.add_argument("--warmup", type=int, help="warm-up iterations (default: 2)")
     allreduce.add_argument("--quick", action="store_true",
                            help="np 2,3, sizes 8:1M x16, 5 iterations: under 2 minutes")
+    allreduce.add_argument("--ranks-per-node", type=int, default=0, metavar="K",
+                           help="ranks are placed K to a node, by slot (an emulated or real "
+                                "cluster): fits α', β' between nodes (default: 0, one node)")
     allreduce.add_argument("--profile", metavar="PARAMS_JSON",
                            help="also time --allreduce auto with this profile (an earlier "
                                 "study's params.json) and compare it with the best fixed "
@@ -83,6 +86,12 @@ def add_parser(subparsers):
         description="From a study's fitted parameters (--params) or from a link's figures "
                     "(--link, --alpha, --gamma-rate).")
     predict.add_argument("--params", help="params.json written by study allreduce")
+    predict.add_argument("--ranks-per-node", type=int, default=0, metavar="K",
+                         help="ranks per node at scale (default: the study's, else 8)")
+    predict.add_argument("--node-link", help="link rate inside a node, e.g. 200GB/s: a "
+                                             "two-level model (--link is between nodes)")
+    predict.add_argument("--node-alpha", default="0.5us",
+                         help="message latency inside a node (default: 0.5us)")
     predict.add_argument("--link", help="link rate, e.g. 100gbit (InfiniBand EDR) or 42GB/s")
     predict.add_argument("--alpha", default="2us", help="message latency (default: 2us)")
     predict.add_argument("--gamma-rate", default="20GB/s",

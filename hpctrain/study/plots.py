@@ -5,7 +5,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
 
-from . import costmodel  # noqa: E402
+from ..collectives import cost  # noqa: E402
 
 
 def busbw_vs_size(rows, ranks, path, cores):
@@ -27,7 +27,7 @@ def busbw_vs_size(rows, ranks, path, cores):
     _save(fig, path)
 
 
-def time_vs_ranks(rows, size, params, path, cores, **options):
+def time_vs_ranks(rows, size, params, path, cores, ranks_per_node=0, **options):
     """Measured time (markers, hollow where p > ``cores``) and the model's prediction (lines)
     against p at one size."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -39,9 +39,11 @@ def time_vs_ranks(rows, size, params, path, cores, **options):
         for p, value in mine:
             ax.plot(p, value, "o", label=f"{algo} measured" if p == mine[0][0] else None,
                     **_marker(index, p > cores))
-        if algo in costmodel.MODELLED:
+        if algo in cost.modelled():
             ranks = [p for p, _ in mine]
-            model = [costmodel.predict(algo, size, p, params, **options) * 1e6 for p in ranks]
+            model = [cost.predict(algo, size, p, params,
+                                  -(-p // ranks_per_node) if ranks_per_node else 1,
+                                  **options) * 1e6 for p in ranks]
             ax.plot(ranks, model, "-", color=f"C{index % 10}", alpha=0.7,
                     label=f"{algo} model")
     every = sorted({r["np"] for r in rows})

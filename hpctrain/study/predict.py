@@ -2,28 +2,38 @@
 
 ``hpctrain study predict --alpha 1.5us --link 100gbit --gamma-rate 20GB/s`` (or
 ``--params report/params.json``) prints tables of time and busbw and draws both for p up to
-4096 and n up to 1 GiB. They show, among other things, the parameter server's time growing
-as 2(p-1)·n/b while the ring's stays near 2(p-1)/p·n/b ≈ 2n/b.
+4096 and n up to 1 GiB, ``--ranks-per-node`` ranks to a node (8 by default: 512 nodes × 8
+GPUs at p = 4096). They show, among other things, the parameter server's time growing as
+2(p-1)·n/b while the ring's stays near 2(p-1)/p·n/b ≈ 2n/b, and, with a two-level model
+(``--node-link``, or a study fitted on several nodes), where the hierarchical allreduce
+beats the flat ring.
 """
 
 import json
 import os
 
 from . import costmodel, plots
+from ..collectives import cost
 
 RANKS = tuple(2 ** k for k in range(1, 13))  # 2 .. 4096
 SIZES = (8, 64 << 10, 1 << 20, 64 << 20, 1 << 30)
 SHOWN_RANKS = (2, 16, 128, 1024, 4096)
+#: Ranks per node of the prediction unless told otherwise (8 GPUs a node).
+RANKS_PER_NODE = 8
 
 
-def prediction_table(params, ranks=RANKS, sizes=SIZES, algos=costmodel.MODELLED):
-    """Rows {np, size, algo, time_us, busbw_GBps} of predicted allreduces."""
+def prediction_table(params, ranks=RANKS, sizes=SIZES, algos=None,
+                     ranks_per_node=RANKS_PER_NODE):
+    """Rows {np, nodes, size, algo, time_us, busbw_GBps} of predicted allreduces, ranks
+    placed ``ranks_per_node`` to a node; ``algos``: every modelled one by default."""
     rows = []
     for p in ranks:
+        nodes = -(-p // ranks_per_node)
         for size in sizes:
-            for algo in algos:
-                seconds = costmodel.predict(algo, size, p, params)
-                rows.append({"np": p, "size": size, "algo": algo, "time_us": seconds * 1e6,
+            for algo in algos or cost.modelled():
+                seconds = cost.predict(algo, size, p, params, nodes)
+                rows.append({"np": p, "nodes": nodes, "size": size, "algo": algo,
+                             "time_us": seconds * 1e6,
                              "busbw_GBps": costmodel.busbw(size, p, seconds) / 1e9})
     return rows
 
@@ -67,14 +77,17 @@ def growth_line(rows):
 def run(args):
     """``study predict``: the tables on stdout, ``prediction.png`` (busbw),
     ``prediction_time.png`` and ``prediction.md``."""
-    params, note = load_params(args)
-    rows = prediction_table(params)
+    params, note, per_node = load_params(args)
+    rows = prediction_table(params, ranks_per_node=per_node)
     os.makedirs(args.out, exist_ok=True)
     table = prediction_markdown(rows)
     title = (f"α = {params.alpha * 1e6:.3g} µs, 1/β = {1 / params.beta / 1e9:.3g} GB/s, "
              f"1/γ = {1 / params.gamma / 1e9:.3g} GB/s" if params.beta and params.gamma
              else f"α = {params.alpha * 1e6:.3g} µs")
-    title += note
+    if params.beta_inter is not None:
+        title += (f"; between nodes α' = {params.alpha_inter * 1e6:.3g} µs, "
+                  f"1/β' = {1 / params.beta_inter / 1e9:.3g} GB/s")
+    title += f"; {per_node} ranks per node" + note
     plots.prediction(rows, os.path.join(args.out, "prediction.png"), title)
     plots.prediction(rows, os.path.join(args.out, "prediction_time.png"), title, "time_us")
     with open(os.path.join(args.out, "prediction.md"), "w") as f:
@@ -85,30 +98,49 @@ def run(args):
 
 
 def load_params(args):
-    """``(Params, note)`` from ``--params FILE`` (a study's params.json) or from the link
-    options; the note says when a degenerate fit gave way to the ping-pong parameters, as
-    ``--allreduce auto`` does."""
+    """``(Params, note, ranks per node)`` from ``--params FILE`` (a study's params.json) or
+    from the link options; the note says when a degenerate fit gave way to the ping-pong
+    parameters, as ``--allreduce auto`` does. Ranks per node: ``--ranks-per-node``, else
+    the study's, else :data:`RANKS_PER_NODE`."""
     from ..errors import UsageError
 
     if args.params:
         try:
             with open(args.params) as f:
                 profile = json.load(f)
-            params = costmodel.params_of(profile)
+            params = cost.params_of(profile)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise UsageError(f"--params {args.params}: not a study's params.json ({exc!r})") \
                 from None
+        per_node = _per_node(getattr(args, "ranks_per_node", 0)
+                             or profile.get("ranks_per_node"))
         return params, (" (p2p prior: the fit had no cost per byte)"
-                        if costmodel.degenerate(profile) else "")
+                        if cost.degenerate(profile) else ""), per_node
     if not args.link:
         raise UsageError("give --params FILE (from a study) or --link RATE, e.g. "
                          "--link 100gbit --alpha 1.5us")
     try:
         beta = 1 / costmodel.parse_rate(args.link)
         gamma = 1 / costmodel.parse_rate(args.gamma_rate)
+        node_link = getattr(args, "node_link", None)
+        node_beta = 1 / costmodel.parse_rate(node_link) if node_link else None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    return costmodel.Params(_seconds(args.alpha), beta, gamma), ""
+    alpha, per_node = _seconds(args.alpha), _per_node(getattr(args, "ranks_per_node", 0))
+    if node_beta is None:
+        return cost.Params(alpha, beta, gamma), "", per_node
+    # Two levels: --alpha and --link between nodes, --node-alpha and --node-link inside.
+    return (cost.Params(_seconds(getattr(args, "node_alpha", "0.5us")), node_beta, gamma, alpha,
+                        beta), "", per_node)
+
+
+def _per_node(value):
+    from ..errors import UsageError
+
+    value = RANKS_PER_NODE if value is None or value == 0 else value
+    if not isinstance(value, int) or value < 1:
+        raise UsageError(f"--ranks-per-node must be a whole number >= 1, got {value!r}")
+    return value
 
 
 def _seconds(text):

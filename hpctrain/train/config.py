@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from ..collectives import ALGORITHMS
 from ..errors import UsageError
 
 try:
@@ -23,7 +24,7 @@ try:
 except ModuleNotFoundError:  # Python < 3.11
     import tomli as tomllib
 
-ALLREDUCE = ("horovod", "mpi", "ring", "tree", "butterfly", "ps", "ps-sharded", "auto")
+ALLREDUCE = (*ALGORITHMS, "auto")   # every registered algorithm
 REGIMES = ("allreduce", "ps", "ps-sharded", "async-ps")
 OPTIMIZERS = ("sgd", "adam")
 DEVICES = ("cpu", "cuda")

@@ -20,7 +20,8 @@ import torch
 from gpu_support import COMM, GPU_MODULE, RANK, SIZE, all_ranks
 from gpu_support import device  # noqa: F401 - fixture
 from hpctrain import mpi_support
-from hpctrain.collectives import ALGORITHMS, DTYPES, OPS, allreduce, allreduce_fused, base
+from hpctrain.collectives import ALGORITHMS, DTYPES, OPS, allreduce, allreduce_fused
+from hpctrain.collectives import buffers, driver
 from hpctrain.collectives import context
 from hpctrain.errors import UsageError
 
@@ -48,14 +49,8 @@ def path(request, monkeypatch):
 
 
 def variants(algo):
-    """The option settings worth testing for ``algo``."""
-    if algo in ("tree", "ps"):
-        return [{"root": root} for root in range(SIZE)]
-    if algo == "ps-sharded":
-        return [{"servers": k} for k in sorted({1, (SIZE + 1) // 2, SIZE})]
-    if algo == "butterfly":   # the default switch, Rabenseifner always, doubling always
-        return [{}, {"switch_bytes": 0}, {"switch_bytes": 1 << 40}]
-    return [{}]
+    """The option settings worth testing for ``algo``: the algorithm's own examples."""
+    return ALGORITHMS[algo].examples(SIZE)
 
 
 def contribution(rank, count, salt):
@@ -77,7 +72,7 @@ def run_case(path, device, algo, dtype, op, count, options, salt):
     allreduce(cpu, op=op, algo=algo, comm=comm, **options)
     out = allreduce(gpu, op=op, algo=algo, comm=comm, **options)
     what = f"{path_name} {algo} {dtype} {op} n={count} {options}"
-    _, plan = base.resolve(context(comm), gpu, op, algo, options)   # the cached plan
+    _, plan = driver.resolve(context(comm), gpu, op, algo, options)   # the cached plan
     if plan.staged != expect_staged(path_name, algo, dtype):
         return f"{what}: took the {'staged' if plan.staged else 'direct'} path"
     if out is not gpu or gpu.device != device:
@@ -166,11 +161,11 @@ def test_the_staged_path_reuses_one_pinned_buffer(path, device, pinned_allocatio
             failures.append(f"{label}: wrong sum")
 
     reduce_and_check(count, "first call")
-    first = base.pinned(ctx, float32, count)
+    first = buffers.pinned(ctx, float32, count)
     allocated = len(pinned_allocations)
     for n in (count, count, count // 3, 1, count):      # same size and smaller: no allocation
         reduce_and_check(n, f"warm call n={n}")
-    again = base.pinned(ctx, float32, count)
+    again = buffers.pinned(ctx, float32, count)
     if allocated != 1:
         failures.append(f"the first call made {allocated} pinned allocations, not 1")
     if len(pinned_allocations) != allocated:

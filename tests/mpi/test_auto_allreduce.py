@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hpctrain.collectives import allreduce, auto, context
+from hpctrain.collectives import allreduce, auto, context, cost
 from hpctrain.errors import UsageError
 
 from conftest import all_ranks
@@ -52,7 +52,7 @@ def test_a_new_profile_takes_effect_at_the_next_call(profile_path, tmp_path):
     data = np.ones(4)
     allreduce(data, algo="auto")
     first = auto.NAME[0]
-    auto.use(auto.Profile(1e-6, 1e-9, 0.0, best={comm.size: ((8, "butterfly"),)}))
+    auto.use(auto.Profile(cost.Params(1e-6, 1e-9, 0.0), best={comm.size: ((8, "butterfly"),)}))
     allreduce(data, algo="auto")
     plans = [p.algorithm.name for k, p in context().plans.items() if k[0] == auto.NAME[0]]
     all_ranks(comm, auto.NAME[0] != first and plans == ["butterfly"]

@@ -20,18 +20,20 @@ from hypothesis import strategies as st
 from mpi4py import MPI
 
 from conftest import all_ranks
-from hpctrain.collectives import (ALGORITHMS, DTYPES, OPS, MismatchError, allreduce,
-                                  allreduce_fused, available, context)
+from hpctrain.collectives import (ALGORITHMS, DTYPES, OPS, Algorithm, MismatchError,
+                                  allreduce, allreduce_fused, available, context)
 from hpctrain.errors import UsageError
 
 pytestmark = pytest.mark.mpi
 
 COMM = MPI.COMM_WORLD
 SIZE, RANK = COMM.Get_size(), COMM.Get_rank()
-OURS = sorted(set(ALGORITHMS) - {"mpi", "horovod"})
+#: The algorithms that move the data themselves (a schedule of their own), by the registry.
+OURS = sorted(name for name, a in ALGORITHMS.items()
+              if type(a).schedule is not Algorithm.schedule)
 # Horovod has tests of its own at the end of this file: once started, its background thread
 # busy-polls MPI every millisecond and slows everything after it on a small machine.
-ALGOS = OURS + ["mpi"]
+ALGOS = sorted(set(ALGORITHMS) - {"horovod"})
 HOROVOD = "horovod" in available()
 BIG_BYTES = 1 << 20
 
@@ -40,14 +42,9 @@ _all_ranks = partial(all_ranks, COMM)
 
 
 def variants(algo, size=SIZE):
-    """The option settings worth testing for ``algo`` on ``size`` ranks."""
-    if algo in ("tree", "ps"):
-        return [{"root": root} for root in range(size)]
-    if algo == "ps-sharded":
-        return [{"servers": k} for k in sorted({1, (size + 1) // 2, size})]
-    if algo == "butterfly":   # the default switch, Rabenseifner always, doubling always
-        return [{}, {"switch_bytes": 0}, {"switch_bytes": 1 << 40}]
-    return [{}]
+    """The option settings worth testing for ``algo`` on ``size`` ranks: the algorithm's own
+    examples (every root, every number of servers, every split of the ranks into nodes)."""
+    return ALGORITHMS[algo].examples(size)
 
 
 def small_sizes(size=SIZE):
@@ -243,7 +240,7 @@ def _options(algo):
           phases=[Phase.explicit, Phase.generate, Phase.shrink])
 @given(count=st.integers(0, 3000), dtype=st.sampled_from(sorted(DTYPES)),
        op=st.sampled_from(sorted(OPS)), salt=st.integers(0, 1 << 16),
-       algo_options=st.sampled_from(sorted(set(ALGORITHMS) - {"horovod"})).flatmap(
+       algo_options=st.sampled_from(ALGOS).flatmap(
            lambda algo: st.tuples(st.just(algo), _options(algo))))
 def test_random_calls_match_the_reference(count, dtype, op, salt, algo_options):
     # derandomize: every rank draws the same examples, so every rank makes the same calls;
@@ -429,13 +426,55 @@ def test_a_sub_communicator_works_and_is_released_with_it():
     _all_ranks(ok and dup == MPI.COMM_NULL)
 
 
+def test_hierarchical_sub_communicators_are_made_once_and_freed_with_the_context():
+    sub = COMM.Dup()
+    failures = []
+    for per_node in (1, 2, 3):
+        for count in (SIZE + 1, 1009):
+            buf = np.full(count, RANK + 1, dtype=np.int64)
+            allreduce(buf, comm=sub, algo="hierarchical", ranks_per_node=per_node)
+            if not (buf == SIZE * (SIZE + 1) // 2).all():
+                failures.append(f"ranks_per_node={per_node} n={count}: {buf[:3]}")
+    ctx = context(sub)
+    groups = [state for (name, _), state in ctx.setups.items() if name == "hierarchical"]
+    if SIZE > 1 and len(groups) != len({min(k, SIZE) for k in (1, 2, 3)}):
+        failures.append(f"{len(groups)} set-ups for {len(ctx.setups)} keys")
+    comms = [c for g in groups for c in (g.local, *g.inter.values())]
+    sub.Free()                          # frees the context, and with it the set-ups
+    if any(c != MPI.COMM_NULL for c in comms) or ctx.setups:
+        failures.append("sub-communicators outlived the context")
+    _all_ranks(not failures, failures)
+
+
+def test_hierarchical_groups_by_shared_memory_node_without_the_option(monkeypatch):
+    # One machine: every rank shares a node, so the set-up finds one node of SIZE ranks.
+    monkeypatch.delenv("HPCTRAIN_RANKS_PER_NODE", raising=False)
+    sub = COMM.Dup()
+    buf = np.full(7, RANK, dtype=np.int64)
+    allreduce(buf, comm=sub, algo="hierarchical")
+    (state,) = context(sub).setups.values() if SIZE > 1 else (None,)
+    ok = (buf == SIZE * (SIZE - 1) // 2).all() and \
+        (state is None or state.layout.nodes == (0,) * SIZE)
+    sub.Free()
+    _all_ranks(bool(ok))
+
+
+def test_hierarchical_takes_its_node_size_from_the_environment(monkeypatch):
+    monkeypatch.setenv("HPCTRAIN_RANKS_PER_NODE", "1")
+    assert ALGORITHMS["hierarchical"].parameters(SIZE, {})[0] == 1
+    monkeypatch.setenv("HPCTRAIN_RANKS_PER_NODE", "two")
+    with pytest.raises(UsageError, match="HPCTRAIN_RANKS_PER_NODE='two' is not an integer"):
+        ALGORITHMS["hierarchical"].parameters(SIZE, {})
+
+
 def test_workspaces_are_reused_without_per_call_allocations():
     # A warm call allocates nothing of the message's size: the receive workspace is kept
     # per (communicator, dtype) and the plan (schedule, slices' bounds) per call shape.
     count = BIG_BYTES // 8
     failures = []
     for algo in OURS:
-        for options in variants(algo):
+        # Segments of a few bytes cost a request each, by design: only the usual sizes here.
+        for options in (o for o in variants(algo) if not 0 < o.get("segment_bytes", 0) < 4096):
             buf = np.ones(count)
             allreduce(buf, algo=algo, **options)
             tracemalloc.start()

@@ -1,0 +1,224 @@
+"""The interface every allreduce algorithm implements, and the registry that finds them.
+
+An algorithm is one module holding one :class:`Algorithm` subclass decorated with
+:func:`register`. Everything else discovers it through ``ALGORITHMS``: the driver, the
+mismatch check, the cost model (:meth:`Algorithm.cost`), ``auto``, the command-line
+choices and the tests (:meth:`Algorithm.examples`). A new algorithm defines
+
+- :meth:`~Algorithm.schedule`: whom this rank exchanges which slice with, computed once
+  per (count, options) and cached in a plan;
+- :meth:`~Algorithm.run`: the data phase, reducing the flat transport array in place;
+- optionally :meth:`~Algorithm.setup` / :meth:`~Algorithm.release`: per-communicator state
+  such as sub-communicators, made once per private communicator and freed with it;
+- optionally :meth:`~Algorithm.cost`: its time in the α-β-γ model (:mod:`.cost`).
+"""
+
+import zlib
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+
+from ..errors import UsageError
+from .dtypes import choices
+
+#: Algorithms by name; each module registers its own with :func:`register`.
+ALGORITHMS = {}
+#: The first tag handed out by :func:`register`; user tags are never seen on our private
+#: communicator, this only keeps each algorithm's messages apart from the others'.
+FIRST_TAG = 11
+_NEXT_TAG = [FIRST_TAG]
+
+
+def register(algorithm_class):
+    """Class decorator: add one instance of an :class:`Algorithm` to ``ALGORITHMS`` and give
+    it ``tags`` message tags of its own (``algorithm.tag`` is the first).
+
+    Tags follow the order of registration, which the package's imports fix: the same on
+    every rank.
+    """
+    algorithm = algorithm_class()
+    if algorithm.name in ALGORITHMS:
+        raise ValueError(f"allreduce algorithm {algorithm.name!r} registered twice")
+    algorithm.tag = _NEXT_TAG[0]
+    _NEXT_TAG[0] += algorithm.tags
+    ALGORITHMS[algorithm.name] = algorithm
+    return algorithm_class
+
+
+def algorithm_code(name):
+    """The number the mismatch check compares for an algorithm (the same on every rank)."""
+    return zlib.crc32(name.encode())
+
+
+def chunk_bounds(count, parts):
+    """Offsets of ``parts`` contiguous chunks covering ``count`` elements (``parts + 1`` of them).
+
+    Chunk sizes differ by at most one element: the first ``count % parts`` chunks get the
+    extra one.
+    """
+    size, extra = divmod(count, parts)
+    return tuple(i * size + min(i, extra) for i in range(parts + 1))
+
+
+def waitall(requests):
+    """Wait for every request of the list to complete."""
+    from mpi4py import MPI
+
+    MPI.Request.Waitall(requests)
+
+
+def flat_cost(messages, sent, reduced, nodes):
+    """The cost vector of a node-oblivious algorithm (see :mod:`.cost`): its messages and
+    bytes go over the links between nodes when it spans several, else inside the node."""
+    if nodes > 1:
+        return (0.0, 0.0, float(reduced), float(messages), float(sent))
+    return (float(messages), float(sent), float(reduced), 0.0, 0.0)
+
+
+class Algorithm:
+    """One allreduce algorithm. Subclasses set ``name`` and ``options`` and define
+    :meth:`schedule` and :meth:`run`; the driver does everything else.
+
+    ``run(comm, flat, plan)`` reduces the 1-D transport array ``flat`` in place over the
+    private communicator ``comm``. It finds its schedule in ``plan.schedule``, its
+    per-communicator state in ``plan.setup``, a receive workspace of
+    ``plan.schedule.scratch`` elements in ``plan.scratch`` and the in-place reduction
+    ``plan.reduce(dst, src)`` (``dst op= src``, both transport slices). It is called with the
+    same schedule shape on every rank, so every send has a matching receive.
+    """
+
+    name = ""
+    #: Options the algorithm takes (``allreduce(..., root=1)``), name -> default. Every value
+    #: is an integer; ``None`` stands for a default that depends on the number of ranks.
+    options = {}
+    #: How many message tags the algorithm uses; the registry sets ``tag``, the first.
+    tags = 1
+    tag = 0
+    #: True if :meth:`setup` makes per-communicator state (a collective call).
+    has_setup = False
+    #: False for an algorithm whose predicted time is not one linear row of the model (the
+    #: fit skips it; :meth:`predict` still answers).
+    fitted = True
+    #: True for an algorithm ``auto`` may choose from the model where nothing was measured.
+    chosen_by_model = False
+
+    def parameters(self, size, options):
+        """The validated option values as a tuple of ints, in the order of ``options``."""
+        unknown = sorted(set(options) - set(self.options))
+        if unknown:
+            valid = choices(self.options) if self.options else "none"
+            raise UsageError(f"allreduce algorithm {self.name!r} takes no option "
+                             f"{unknown[0]!r}; its options: {valid}")
+        values = {**self.options, **options}
+        for key, value in values.items():
+            if value is not None and (isinstance(value, bool)
+                                      or not isinstance(value, (int, np.integer))):
+                raise UsageError(f"allreduce option {key}={value!r} must be an integer")
+        return self.validate(size, tuple(values[key] for key in self.options))
+
+    def validate(self, size, params):
+        """Check option values against the number of ranks; resolve ``None`` defaults."""
+        return params
+
+    def describe(self, params):
+        """The options as ``key=value`` text, for error messages."""
+        return ", ".join(f"{k}={v}" for k, v in zip(self.options, params)) or "no options"
+
+    def examples(self, size):
+        """Option settings that together exercise every branch on ``size`` ranks (tests)."""
+        return [{}]
+
+    def setup(self, comm, params):
+        """Per-communicator state for ``params`` (sub-communicators, a node map), made once
+        per private communicator ``comm`` and handed to :meth:`schedule` and, as
+        ``plan.setup``, to :meth:`run`. Synchronisation point when ``has_setup``: every rank
+        calls it, in the data phase of the first call with these options."""
+        return None
+
+    def setup_key(self, params):
+        """The options :meth:`setup` depends on (one set-up per distinct key)."""
+        return params
+
+    def release(self, state):
+        """Free what :meth:`setup` made (when the private communicator is freed)."""
+
+    def schedule(self, size, rank, count, itemsize, params, setup=None):
+        """Who this rank exchanges which slices with, for ``count`` elements of ``itemsize``
+        bytes; the result must have a ``scratch`` attribute (receive workspace elements).
+        The default suits algorithms that hand the buffer to a library: no workspace."""
+        return NO_SCHEDULE
+
+    def run(self, comm, flat, plan):
+        """Reduce ``flat`` in place over ``comm`` (see the class docstring)."""
+        raise NotImplementedError
+
+    def bind(self, comm, plan):
+        """``run(flat)``, the data phase including ``plan.finish``, with ``comm`` and
+        ``plan`` bound. Override to pre-bind more where per-call overhead matters."""
+        run, finish = self.run, plan.finish
+        if finish is None:
+            return lambda flat: run(comm, flat, plan)
+
+        def run_and_finish(flat):
+            run(comm, flat, plan)
+            finish(flat)
+        return run_and_finish
+
+    def bind_buffer(self, comm, plan, flat, run):
+        """``go()``: ``run(flat)`` with this buffer bound, for a buffer reduced again and
+        again (the next call on the same array skips every lookup). Override to pre-bind
+        what depends on the buffer itself."""
+        return partial(run, flat)
+
+    def averages(self, dtype):
+        """True if :meth:`run` computes ``op="avg"`` itself for ``dtype``."""
+        return False
+
+    def device_capable(self, dtype, cuda_aware):
+        """True if :meth:`run` may be handed CUDA device memory for ``dtype``."""
+        return cuda_aware is True
+
+    def cost(self, nbytes, ranks, nodes, params):
+        """The α-β-γ cost vector of one allreduce of ``nbytes`` on ``ranks`` ranks spread
+        over ``nodes`` nodes, with validated options ``params`` (see :mod:`.cost` for the
+        five coefficients); ``None`` if the algorithm is not modelled."""
+        return None
+
+    @property
+    def modelled(self):
+        """True if the cost model predicts this algorithm (it defines a cost)."""
+        cls = type(self)
+        return cls.cost is not Algorithm.cost or cls.predict is not Algorithm.predict
+
+    def predict(self, nbytes, ranks, nodes, params, machine):
+        """Predicted seconds on ``machine`` (a :class:`.cost.Params`), or ``None``."""
+        vector = self.cost(nbytes, ranks, nodes, params)
+        return None if vector is None else machine.time(vector)
+
+
+@dataclass(frozen=True)
+class NoSchedule:
+    """The schedule of an algorithm that needs none."""
+
+    scratch: int = 0
+
+
+NO_SCHEDULE = NoSchedule()
+
+
+class RootedAlgorithm(Algorithm):
+    """An algorithm with a ``root=`` option (default 0): a rank with a special role."""
+
+    options = {"root": 0}
+
+    def validate(self, size, params):
+        root = params[0]
+        if not 0 <= root < size:
+            raise UsageError(f"allreduce option root={root} is not a rank: valid values are "
+                             f"0 to {size - 1}")
+        return (int(root),)
+
+    def examples(self, size):
+        """Every root."""
+        return [{"root": r} for r in range(size)]

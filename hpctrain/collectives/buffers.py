@@ -1,0 +1,148 @@
+"""From the user's arrays and tensors to flat transport arrays, and back.
+
+- :func:`flatten`: a 1-D *transport* view of a NumPy array or torch tensor, with no copy;
+  half precision travels as ``int16`` (MPI has no 16-bit float type) and is reduced
+  through views in its real dtype;
+- :func:`pinned` and :func:`run_staged`: CUDA data reduced through a reused page-locked
+  host buffer when MPI is not CUDA-aware;
+- :func:`fused_buffer`, :func:`copy_in`, :func:`copy_out`: many tensors packed into one
+  reused flat buffer for :func:`~hpctrain.collectives.allreduce_fused`.
+"""
+
+import sys
+
+import numpy as np
+
+from ..errors import UsageError
+from .dtypes import DTYPES, NUMPY_DTYPES, bad_dtype
+
+
+class _NoTensor:
+    pass
+
+
+#: ``[torch.Tensor]`` once a tensor has been seen (torch is imported by then): the driver
+#: compares types with it without importing torch.
+TENSOR = [_NoTensor]
+
+
+def flatten(buf):
+    """``(flat, dtype, device)``: a 1-D transport view of ``buf`` (no copy), its
+    :class:`~.dtypes.DType`, and ``None`` for host memory or the CUDA device index."""
+    if isinstance(buf, np.ndarray):
+        dtype = NUMPY_DTYPES.get(buf.dtype)
+        if dtype is None:
+            raise bad_dtype(buf.dtype.str if buf.dtype.byteorder == ">" else buf.dtype.name)
+        if not buf.flags.c_contiguous:
+            raise UsageError(f"allreduce needs a contiguous buffer, got a non-contiguous "
+                             f"array of shape {buf.shape} and strides {buf.strides}: pass "
+                             f"np.ascontiguousarray(buf) and use the array it returns (the "
+                             f"reduction is in place)")
+        if not buf.flags.writeable:
+            raise UsageError("allreduce reduces in place, but the array is read-only")
+        flat = buf.reshape(-1)
+        return (flat.view(np.int16) if dtype.half else flat), dtype, None
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(buf, torch.Tensor):
+        raise UsageError(f"allreduce needs a NumPy array or a torch tensor, got "
+                         f"{type(buf).__name__}")
+    return _flatten_tensor(buf, torch)
+
+
+def _flatten_tensor(buf, torch):
+    TENSOR[0] = torch.Tensor
+    dtype = DTYPES.get(str(buf.dtype).replace("torch.", ""))
+    if dtype is None:
+        raise bad_dtype(str(buf.dtype))
+    if not buf.is_contiguous():
+        raise UsageError(f"allreduce needs a contiguous tensor, got one of shape "
+                         f"{tuple(buf.shape)} and strides {buf.stride()}: pass "
+                         f"buf.contiguous() and use the tensor it returns (the reduction is "
+                         f"in place)")
+    flat = buf.detach().view(-1)
+    if dtype.half:
+        flat = flat.view(torch.int16)
+    if buf.device.type == "cuda":
+        return flat, dtype, buf.device.index
+    if buf.device.type != "cpu":
+        raise UsageError(f"allreduce supports CPU and CUDA tensors, got one on {buf.device}")
+    return flat.numpy(), dtype, None
+
+
+def pinned(ctx, dtype, count):
+    """A reused page-locked host buffer of ``count`` transport elements (torch tensor),
+    through which CUDA data is staged when MPI is not CUDA-aware."""
+    import torch
+
+    def make(n):
+        return torch.empty(n, dtype=getattr(torch, dtype.transport), pin_memory=True)
+    return ctx.workspace(("pinned", dtype.transport), count, make)[:count]
+
+
+def run_staged(ctx, plan, flat):
+    """The data phase of ``plan`` on CUDA memory ``flat``, through a pinned host copy."""
+    host = pinned(ctx, plan.dtype, plan.count)
+    host.copy_(flat)       # device -> page-locked host; blocks until the copy is done
+    plan.algorithm.bind(ctx.comm, plan)(host.numpy())
+    flat.copy_(host)
+
+
+def fused_buffer(ctx, tensors):
+    """The reused flat buffer for ``tensors`` (a view of its first elements), and their sizes.
+
+    Kept per (communicator, dtype, device) and only grown, so a training loop that fuses
+    the same gradients each step allocates once.
+    """
+    if not tensors:
+        return np.empty(0, dtype=np.float32), ()
+    kinds = sorted({f"{type(t).__module__}.{type(t).__name__} {t.dtype} "
+                    f"{getattr(t, 'device', 'cpu')}" for t in tensors})
+    if len(kinds) > 1:
+        raise UsageError(f"allreduce_fused needs tensors of one dtype, all NumPy or all torch "
+                         f"on one device; got: {'; '.join(kinds)}")
+    first = tensors[0]
+    sizes = tuple(int(np.prod(t.shape)) for t in tensors)
+    total = sum(sizes)
+    if isinstance(first, np.ndarray):
+        kind = ("fused", first.dtype.str)
+
+        def make(n):
+            return np.empty(n, dtype=first.dtype)
+    else:
+        torch = sys.modules.get("torch")
+        if torch is None or not isinstance(first, torch.Tensor):
+            raise UsageError(f"allreduce_fused needs NumPy arrays or torch tensors, got "
+                             f"{type(first).__name__}")
+        kind = ("fused", str(first.dtype), str(first.device))
+
+        def make(n):
+            return torch.empty(n, dtype=first.dtype, device=first.device)
+    buffer = ctx.fused.get(kind)
+    if buffer is None or buffer.shape[0] < total:
+        buffer = ctx.fused[kind] = make(total)
+    return buffer[:total], sizes
+
+
+def segments(buffer, sizes):
+    """Consecutive views of ``buffer``, one of each of ``sizes`` elements."""
+    views, offset = [], 0
+    for size in sizes:
+        views.append(buffer[offset:offset + size])
+        offset += size
+    return views
+
+
+def copy_in(segment, tensor):
+    """Copy ``tensor`` into its flat ``segment`` of the fused buffer."""
+    if isinstance(segment, np.ndarray):
+        np.copyto(segment.reshape(tensor.shape), tensor)
+    else:
+        segment.view(tensor.shape).copy_(tensor.detach())
+
+
+def copy_out(tensor, segment):
+    """Copy the reduced ``segment`` back into ``tensor``."""
+    if isinstance(segment, np.ndarray):
+        np.copyto(tensor, segment.reshape(tensor.shape))
+    else:
+        tensor.detach().copy_(segment.view(tensor.shape))

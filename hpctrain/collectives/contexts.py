@@ -1,0 +1,309 @@
+"""The per-communicator context: a private duplicate and everything cached for it.
+
+:func:`context` gives the :class:`Context` of a user communicator, made on first use and
+stored on it as an MPI attribute, so that it is freed with it. It holds
+
+- a private duplicate (``Dup()``) of the communicator, on which every message of ours
+  moves, so that none can match a message of the user's, whatever tags either side uses;
+- the :class:`Plan` of each (algo, op, dtype, count, options): the validated options, the
+  schedule, the reduction, a receive workspace (reused, only grown) and the bound data
+  phase. The hot path builds nothing of the message's size;
+- each algorithm's per-communicator set-up (its sub-communicators), made once, in the data
+  phase of its first call, and released with the context;
+- the mismatch check (:meth:`Context.verify`).
+"""
+
+import sys
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+
+from ..errors import UsageError
+from .algorithm import ALGORITHMS, Algorithm
+from .check import CHECK_FIELDS, MismatchError, call_vector, invalid_vector, mismatch_message
+from .dtypes import DType, OPS, choices
+from .reduce import averager, device_reducer, host_reducer
+
+#: The MPI module, imported (and MPI initialised) when the first communicator is used, so
+#: that importing this package, listing algorithms or checking arguments needs no MPI.
+MPI = None
+
+
+@dataclass
+class Plan:
+    """Everything a call with one (algo, op, dtype, count, options) needs, built once."""
+
+    algorithm: Algorithm
+    dtype: DType
+    op: str
+    count: int
+    params: tuple
+    schedule: object
+    reduce: object
+    scratch: object
+    finish: object            # the average's division, or None
+    check: np.ndarray         # this call's mismatch-check vector
+    staged: bool = False      # CUDA data reduced through a pinned host buffer
+    run: object = None        # run(flat): the whole data phase (see Context._bind)
+    setup: object = None      # the algorithm's per-communicator state (Algorithm.setup)
+
+
+class Context:
+    """A private duplicate of one user communicator and everything cached for it.
+
+    Not thread-safe: like any MPI collective, one call at a time per communicator.
+    """
+
+    def __init__(self, comm):
+        self.comm = comm.Dup()
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+        self.plans = {}
+        self.quick = {}        # (algo, op, NumPy or torch dtype, count) -> plan
+        self.views = {}        # id(tensor) -> (tensor, data_ptr, dtype, numel, NumPy view)
+        self.last_view = NO_VIEW
+        self.last_call = NO_CALL   # the buffer reduced last, for the driver's fast path
+        self.workspaces = {}
+        self.fused = {}
+        self.setups = {}       # (algo, params) -> the algorithm's per-communicator state
+        self.check_recv = np.empty(2 * len(CHECK_FIELDS), dtype=np.int64)
+        self._cuda_aware = None
+
+    @property
+    def cuda_aware(self):
+        """Whether MPI takes CUDA device buffers here (asked once per communicator)."""
+        if self._cuda_aware is None:
+            from ..mpi_support import cuda_awareness
+
+            self._cuda_aware = cuda_awareness(self.comm).aware is True
+        return self._cuda_aware
+
+    def workspace(self, kind, count, make):
+        """A reused array of at least ``count`` elements; ``make(count)`` allocates one.
+
+        Growing it drops the cached plans, which hold views of the old one.
+        """
+        array = self.workspaces.get(kind)
+        if array is None or array.shape[0] < count:
+            array = make(count)
+            self.workspaces[kind] = array
+            self.forget_plans()
+        return array
+
+    def forget_plans(self):
+        """Drop every cached plan (not the set-ups: those live as long as the context)."""
+        self.plans.clear()
+        self.quick.clear()
+        self.last_call = NO_CALL
+
+    def setup(self, algorithm, params):
+        """The per-communicator state of ``algorithm`` with ``params``, made on first use.
+
+        Synchronisation point on first use (:meth:`Algorithm.setup` is collective).
+        """
+        key = (algorithm.name, algorithm.setup_key(params))
+        if key not in self.setups:
+            self.setups[key] = algorithm.setup(self.comm, params)
+        return self.setups[key]
+
+    def plan(self, key, algo, op, dtype, count, options, device):
+        """The cached plan for ``key``, built (and all arguments validated) on first use."""
+        plan = self.plans.get(key)
+        if plan is None:
+            plan = self._build(algo, op, dtype, count, options, device)
+            if len(self.plans) > 512:
+                self.forget_plans()
+            self.plans[key] = plan
+        return plan
+
+    def _build(self, algo, op, dtype, count, options, device):
+        """Validate a call and plan it. No message is sent here, so that a rank whose
+        arguments are wrong can still take part in the mismatch check."""
+        algorithm = ALGORITHMS.get(algo)
+        if algorithm is None:
+            raise UsageError(f"unknown allreduce algorithm {algo!r}; valid choices: "
+                             f"{choices(ALGORITHMS)}")
+        if op not in OPS:
+            raise UsageError(f"unknown allreduce op {op!r}; valid choices: {choices(OPS)}")
+        params = algorithm.parameters(self.size, options)
+        staged = device is not None and not algorithm.device_capable(dtype, self.cuda_aware)
+        on_device = device is not None and not staged
+        finish = None
+        if op == "avg" and not algorithm.averages(dtype):
+            finish = averager(dtype, self.size, on_device)
+        reduce_op = "sum" if op == "avg" else op
+        reduce = device_reducer(dtype, reduce_op, device) if on_device \
+            else host_reducer(dtype, reduce_op, count)
+        plan = Plan(algorithm, dtype, op, count, params, None, reduce, None, finish,
+                    call_vector(algo, op, dtype, count, params), staged)
+        if count == 0 or self.size == 1:
+            plan.run = _nothing
+        elif algorithm.has_setup:
+            # The set-up is collective: it waits for the data phase, after the mismatch
+            # check has shown that every rank is making this same call.
+            plan.run = partial(self._first_run, plan, device, on_device)
+        else:
+            self._complete(plan, device, on_device)
+        return plan
+
+    def _first_run(self, plan, device, on_device, flat):
+        self._complete(plan, device, on_device)
+        plan.run(flat)
+
+    def _complete(self, plan, device, on_device):
+        """Give ``plan`` its set-up, schedule, workspace and bound data phase."""
+        algorithm, dtype = plan.algorithm, plan.dtype
+        if algorithm.has_setup:
+            plan.setup = self.setup(algorithm, plan.params)
+        plan.schedule = schedule = algorithm.schedule(self.size, self.rank, plan.count,
+                                                      dtype.itemsize, plan.params, plan.setup)
+        if on_device:
+            plan.scratch = self.workspace(("cuda", device, dtype.transport), schedule.scratch,
+                                          partial(_device_empty, dtype=dtype, device=device))
+        else:
+            plan.scratch = self.workspace(("host", dtype.transport), schedule.scratch,
+                                          partial(np.empty, dtype=dtype.transport))
+        plan.run = self._bind(plan, on_device)
+
+    def _bind(self, plan, on_device):
+        """``run(flat)``: the data phase of ``plan``, with everything it needs bound."""
+        if plan.staged:
+            from .buffers import run_staged
+
+            return partial(run_staged, self, plan)
+        run = plan.algorithm.bind(self.comm, plan)
+        if on_device:
+            torch = sys.modules["torch"]
+
+            def run_on_device(flat, run=run):
+                # MPI reads device memory directly: kernels that wrote it must be done.
+                torch.cuda.current_stream(flat.device).synchronize()
+                run(flat)
+            return run_on_device
+        return run
+
+    def bind_buffer(self, plan, flat):
+        """``go()``: the data phase of ``plan`` on ``flat``, with ``flat`` bound."""
+        if plan.count == 0 or self.size == 1 or plan.staged:
+            return partial(plan.run, flat)
+        return plan.algorithm.bind_buffer(self.comm, plan, flat, plan.run)
+
+    def verify(self, vector, plan=None):
+        """Raise :class:`MismatchError` on every rank unless every rank sent the same vector.
+
+        One ``Allreduce(MAX)`` of ``[fields, -fields]`` (14 int64): about ``ceil(lg p)``
+        latencies. Synchronisation point: every rank of the communicator must call it.
+        """
+        recv = self.check_recv
+        self.comm.Allreduce(vector, recv, op=MPI.MAX)
+        if recv.tobytes() != vector.tobytes():
+            raise MismatchError(mismatch_message(recv, vector, plan))
+
+    def announce_invalid(self):
+        """Take part in the mismatch check for a call this rank found invalid, so that the
+        other ranks raise too instead of waiting for this one."""
+        try:
+            self.verify(invalid_vector())
+        except MismatchError:
+            pass   # the caller raises this rank's own, more precise error
+
+    def free(self):
+        """Release the set-ups and the private communicator (when the user's communicator
+        is freed)."""
+        global LAST
+        if LAST[1] is self:
+            LAST = (None, None)
+        self.views.clear()
+        self.last_view = NO_VIEW
+        self.forget_plans()
+        self.workspaces.clear()
+        self.fused.clear()
+        alive = self.comm is not None and MPI is not None and not MPI.Is_finalized()
+        setups, self.setups = self.setups, {}
+        for (name, _), state in setups.items():
+            if alive:
+                ALGORITHMS[name].release(state)
+        if alive:
+            self.comm.Free()
+        self.comm = None
+
+
+class LastCall:
+    """The call a context made last on a host buffer, kept so that the same call again
+    (a timed loop, a small message every step) skips every lookup."""
+
+    __slots__ = ("buf", "algo", "op", "plan", "go", "dtype", "ptr", "data_ptr",
+                 "is_contiguous", "numel")
+
+    def __init__(self, buf=None, algo=None, op=None, plan=None, go=None, tensor=False):
+        self.buf, self.algo, self.op, self.plan, self.go = buf, algo, op, plan, go
+        self.dtype = None if buf is None else buf.dtype
+        # A tensor's memory is checked by address, and its bound methods are kept: looking
+        # them up costs more than calling them. An array is kept alive (and so cannot be
+        # resized in place) by the reference above.
+        self.ptr = buf.data_ptr() if tensor else None
+        self.data_ptr = buf.data_ptr if tensor else None
+        self.is_contiguous = buf.is_contiguous if tensor else None
+        self.numel = buf.numel if tensor else None
+
+
+#: ``Context.last_call`` when no call is at hand; ``Context.last_view`` likewise.
+NO_CALL = LastCall()
+NO_VIEW = (None,)
+
+
+def _nothing(flat):
+    pass
+
+
+def _device_empty(count, dtype, device):
+    import torch
+
+    return torch.empty(count, dtype=getattr(torch, dtype.transport), device=device)
+
+
+_KEYVAL = None
+#: The Context of COMM_WORLD, the common case, kept at hand for the driver.
+WORLD = None
+#: (communicator, Context) of the last explicit comm= argument. Replaced whole, never
+#: changed in place: another thread may read it between the driver's two lookups.
+LAST = (None, None)
+
+
+def context(comm=None):
+    """The cached :class:`Context` of ``comm`` (``None``: ``COMM_WORLD``).
+
+    The first call per communicator is collective (``Dup``); the context is stored as an
+    attribute of ``comm`` and freed with it.
+    """
+    global WORLD, LAST
+    if comm is None and WORLD is not None:
+        return WORLD
+    _load_mpi()
+    if comm is None or comm is MPI.COMM_WORLD:
+        if WORLD is None:
+            WORLD = Context(MPI.COMM_WORLD)
+        if comm is not None:
+            LAST = (comm, WORLD)
+        return WORLD
+    if not isinstance(comm, MPI.Intracomm):
+        raise UsageError(f"allreduce needs an mpi4py intracommunicator, got "
+                         f"{type(comm).__name__}")
+    if comm == MPI.COMM_NULL:
+        raise UsageError("allreduce got MPI.COMM_NULL: this process is not in the group")
+    ctx = comm.Get_attr(_KEYVAL)
+    if ctx is None:
+        ctx = Context(comm)
+        comm.Set_attr(_KEYVAL, ctx)
+    LAST = (comm, ctx)   # at hand for the next call; comm.Free() clears it (Context.free)
+    return ctx
+
+
+def _load_mpi():
+    global MPI, _KEYVAL
+    if MPI is None:
+        from mpi4py import MPI as mpi
+
+        _KEYVAL = mpi.Comm.Create_keyval(delete_fn=lambda _comm, _key, ctx: ctx.free())
+        MPI = mpi

@@ -1,0 +1,76 @@
+"""The two-level α-β-γ model: each algorithm's own cost, the fit, the prediction at scale."""
+
+import pytest
+
+from hpctrain.collectives import ALGORITHMS, auto, cost
+from hpctrain.study import allreduce
+
+#: Inside a node: 1 µs, 50 GB/s; between nodes: 5 µs, 1.25 GB/s (10 Gbit/s); 20 GB/s adds.
+TWO_LEVEL = cost.Params(alpha=1e-6, beta=1 / 50e9, gamma=1 / 20e9, alpha_inter=5e-6,
+                        beta_inter=1 / 1.25e9)
+
+
+def test_every_modelled_algorithm_is_registered_and_costs_nothing_alone():
+    assert set(cost.modelled()) <= set(ALGORITHMS)
+    assert {"ring", "hierarchical", "mpi"} <= set(cost.modelled())
+    assert "mpi" not in cost.fitted_algorithms() and "horovod" not in cost.modelled()
+    assert all(cost.predict(a, 1 << 20, 1, TWO_LEVEL) == 0 for a in cost.modelled())
+
+
+def test_a_one_level_model_uses_the_same_links_everywhere():
+    one = cost.Params(2e-6, 1e-9, 1e-10)
+    assert one.vector().tolist() == [2e-6, 1e-9, 1e-10, 2e-6, 1e-9]
+    assert cost.predict("ring", 1 << 20, 8, one, nodes=4) == \
+        pytest.approx(cost.predict("ring", 1 << 20, 8, one, nodes=1))
+
+
+def test_hierarchical_model_matches_the_issue_ratios_on_a_slow_network():
+    # β only (no latency, free reductions, free node links): the ratio of bytes per link.
+    links = cost.Params(0.0, 0.0, 0.0, 0.0, 1 / 125e6)
+    n = 16 << 20
+    for nodes, per_node, ratio in ((2, 2, 1.5), (4, 2, 1.75 / 1.5)):
+        p = nodes * per_node
+        ring = cost.predict("ring", n, p, links, nodes)
+        hierarchical = cost.predict("hierarchical", n, p, links, nodes)
+        assert ring / hierarchical == pytest.approx(ratio)
+
+
+def test_two_level_fit_recovers_all_five_parameters():
+    points = [(algo, n, p, cost.predict(algo, n, p, TWO_LEVEL, -(-p // 2)), -(-p // 2))
+              for algo in ("ring", "butterfly", "tree", "hierarchical") for p in (2, 4, 8)
+              for n in (8, 4096, 1 << 20, 16 << 20)]
+    assert cost.determined(points)
+    fitted = cost.fit(points)
+    assert fitted.vector() == pytest.approx(TWO_LEVEL.vector(), rel=1e-6)
+    assert allreduce.fit_plan(points, cores=2) == ([2, 4, 8], True)
+
+
+def test_one_node_points_leave_the_links_between_nodes_unfitted():
+    points = [(algo, n, p, cost.predict(algo, n, p, TWO_LEVEL))
+              for algo in ("ring", "butterfly", "tree") for p in (2, 3, 4)
+              for n in (8, 4096, 1 << 20)]
+    fitted = cost.fit(points)
+    assert fitted.alpha_inter is None and fitted.beta_inter is None
+    assert (fitted.alpha, fitted.beta, fitted.gamma) == \
+        pytest.approx((TWO_LEVEL.alpha, TWO_LEVEL.beta, TWO_LEVEL.gamma), rel=1e-6)
+    assert cost.Params.from_dict(fitted.as_dict()) == fitted
+
+
+def test_at_512_nodes_of_8_the_hierarchical_allreduce_wins_large_messages():
+    p, nodes, n = 4096, 512, 256 << 20
+    times = {a: cost.predict(a, n, p, TWO_LEVEL, nodes) for a in cost.modelled()}
+    assert min(times, key=times.get) == "hierarchical"
+    assert times["ring"] / times["hierarchical"] > 1.05
+    # Small messages: latency; the butterfly's lg p beats both rings.
+    small = {a: cost.predict(a, 8, p, TWO_LEVEL, nodes) for a in auto.model_choices()}
+    assert min(small, key=small.get) == "butterfly"
+
+
+def test_auto_chooses_hierarchical_from_a_two_level_profile():
+    profile = auto.Profile.from_dict({"fitted": TWO_LEVEL.as_dict(),
+                                      "p2p_prior": TWO_LEVEL.as_dict(), "ranks_per_node": 8})
+    assert "hierarchical" in auto.model_choices()
+    assert profile.choose(256 << 20, 4096) == "hierarchical"
+    one_node = auto.Profile.from_dict({"fitted": TWO_LEVEL.as_dict(),
+                                       "p2p_prior": TWO_LEVEL.as_dict()})
+    assert one_node.choose(256 << 20, 4096) != "hierarchical"
