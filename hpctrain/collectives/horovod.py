@@ -16,6 +16,7 @@ import numpy as np
 
 from .algorithm import Algorithm, register
 from ..errors import UsageError
+from ..gpu_checks import check_horovod_cuda
 
 _HOROVOD = []          # [horovod.torch, whether we called hvd.init], once initialised
 _UPCAST = {}           # device -> reused float32 buffer for bfloat16
@@ -75,6 +76,11 @@ class HorovodAllreduce(Algorithm):
     def run(self, comm, flat, plan):
         import torch
 
+        if not _HOROVOD and not isinstance(flat, np.ndarray) and flat.is_cuda:
+            # Before hvd.init: a Horovod that cannot reduce device memory here (built without
+            # CUDA, NCCL with ranks sharing a GPU) otherwise fails in C++ with a traceback
+            # or in NCCL's set-up. Collective: every rank reaches this first call.
+            check_horovod_cuda(comm, "allreduce algo='horovod' on CUDA tensors")
         hvd = horovod(comm)
         view = (torch.from_numpy(flat) if isinstance(flat, np.ndarray) else flat)
         view = view.view(plan.dtype.torch)
