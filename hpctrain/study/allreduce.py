@@ -23,6 +23,7 @@ from . import costmodel, launcher, plots
 from .sweep import machine_lines, rank_counts, say
 from .predict import prediction_table, prediction_markdown
 from .. import collectives
+from ..errors import UsageError
 from ..collectives import auto, cost
 
 #: The smallest size a study sweeps: one element of the benchmark's float32.
