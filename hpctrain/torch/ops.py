@@ -97,6 +97,7 @@ def signature(kind, name, tensors, *extra):
 
 
 INVALID = np.zeros(1, dtype=np.int64)
+SIGNATURE_WIDTH = 12
 
 
 def agree(w, mine, describe):
@@ -108,7 +109,7 @@ def agree(w, mine, describe):
     """
     from mpi4py import MPI
 
-    width = max(len(mine), 8)
+    width = SIGNATURE_WIDTH     # the same length on every rank, whatever was passed
     vector = np.zeros(2 * width, dtype=np.int64)
     vector[:len(mine)] = mine
     vector[width:width + len(mine)] = -mine
