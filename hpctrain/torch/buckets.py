@@ -19,10 +19,11 @@ class FlatBuffer:
     """``tensors`` (same dtype and device) laid out back to back in one flat vector.
 
     Only shapes, dtype and device are taken from ``tensors``: the buffer starts zeroed and
-    holds none of their values until :meth:`pack`.
+    holds none of their values until :meth:`pack`. ``device`` puts the buffer elsewhere
+    (host memory for messages sent by a non-CUDA-aware MPI); packing then copies across.
     """
 
-    def __init__(self, tensors):
+    def __init__(self, tensors, device=None):
         tensors = list(tensors)
         if not tensors:
             raise ValueError("a flat buffer needs at least one tensor")
@@ -31,7 +32,7 @@ class FlatBuffer:
         for t in tensors:
             self.offsets.append(total)
             total += t.numel()
-        self.flat = torch.zeros(total, dtype=tensors[0].dtype, device=tensors[0].device)
+        self.flat = torch.zeros(total, dtype=tensors[0].dtype, device=tensors[0].device if device is None else device)
         self.slots = [self.flat[o:o + t.numel()].view(t.shape)
                       for o, t in zip(self.offsets, tensors)]
 
@@ -49,7 +50,7 @@ class FlatBuffer:
                 if tensor is None:
                     slot.zero_()
                 elif tensor.data_ptr() != slot.data_ptr():
-                    slot.copy_(tensor)
+                    slot.copy_(tensor.detach())
         return self.flat
 
     def unpack(self, tensors):
