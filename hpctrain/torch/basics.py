@@ -3,7 +3,8 @@
 ``init(comm=None, allreduce=None)`` is collective over ``comm`` (default ``COMM_WORLD``).
 The allreduce algorithm is, in order: the ``allreduce=`` argument, the environment variable
 ``HPCTRAIN_ALLREDUCE``, else ``ring``; the names are those of
-``hpctrain.collectives.available()``. With ``horovod`` every operation is handed to the real
+``hpctrain.collectives.available()``, or ``auto`` (chosen per bucket size from the profile
+given to ``hpctrain.collectives.auto.use``). With ``horovod`` every operation is handed to the real
 ``horovod.torch``.
 
 Every collective of this package runs on one background thread, in the order the calls were
@@ -63,7 +64,8 @@ def choose_algorithm(allreduce):
         allreduce, source = os.environ.get(ENV_ALLREDUCE) or None, f"{ENV_ALLREDUCE}="
     if allreduce is None:
         return DEFAULT_ALLREDUCE
-    names = collectives.available()
+    # "auto" picks one of the others per message size (collectives.auto.use gives it a profile).
+    names = collectives.available() + ["auto"]
     if allreduce not in names:
         known = sorted(collectives.ALGORITHMS)
         why = (" (Horovod is not installed here)" if allreduce in known else "")
