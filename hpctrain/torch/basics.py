@@ -119,6 +119,17 @@ def shutdown():
         started.close()
 
 
+def abandon():
+    """After a failure: forget the world without waiting for its thread, which may be
+    blocked in a collective that other ranks will never join (the job is ending, or every
+    rank failed together and may ``init`` again)."""
+    started = _STATE.pop("world", None)
+    if started is not None:
+        started.engine.close(wait=False)
+        if started.hvd is not None:
+            started.hvd.shutdown()
+
+
 def rank():
     """This process's rank in the communicator given to ``init``."""
     return world().rank
@@ -213,6 +224,21 @@ class Engine:
         """Queue ``run()``; return its :class:`Handle`."""
         handle = Handle(run, name)
         self._queue.put(handle)
+        return handle
+
+    @staticmethod
+    def run_here(run, name=None):
+        """Run ``run()`` on the calling thread now; return its finished :class:`Handle`.
+
+        Only where no other rank takes part (one rank), so that order cannot matter: it
+        saves the hand-over to the thread, which costs more than the work there.
+        """
+        handle = Handle(run, name)
+        try:
+            handle.result = run()
+        except BaseException as exc:  # noqa: B036 - re-raised by wait(), as from the thread
+            handle.error = exc
+        handle.done.set()
         return handle
 
     def _serve(self):

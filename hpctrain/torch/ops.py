@@ -171,6 +171,11 @@ def reduce_flat(w, flat, op, prescale=1.0, postscale=1.0):
 
     if prescale != 1.0:
         flat.mul_(prescale)
+    if w.size == 1:
+        # Every op of one rank is the identity: no call, no averaging pass over the data.
+        if postscale != 1.0:
+            flat.mul_(postscale)
+        return flat
     integer = not (flat.dtype.is_floating_point or flat.dtype.is_complex)
     name = _OP_NAMES[op]
     wide = _WIDENED.get(flat.dtype)

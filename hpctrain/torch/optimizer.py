@@ -2,13 +2,15 @@
 
 Parameters are cut into buckets of about ``bucket_mb`` MB in reverse registration order
 (:func:`hpctrain.torch.buckets.assign_buckets`), one flat buffer each, on the gradients'
-device. Once autograd has finished a parameter's gradient (a
-``register_post_accumulate_grad_hook``), the gradient is moved into its place in the buffer
-and ``param.grad`` becomes a view of that place, as DDP's ``gradient_as_bucket_view``: from
-then on backward accumulates straight into the buffer, and the reduced gradient is in
-``param.grad`` with no copy back. So a step costs one copy per gradient when
-``zero_grad()`` sets gradients to ``None`` (autograd hands over a fresh tensor), and none
-beyond autograd's own accumulation with ``zero_grad(set_to_none=False)``.
+device. A hook (``register_post_accumulate_grad_hook``) counts the gradients autograd has
+finished; when a bucket's are all there, the communication thread copies them into the
+bucket's buffer (torch copies without the GIL, so the copy runs on another core while
+backward goes on, as Horovod's fusion-buffer copies run on its C++ thread) and reduces it.
+``synchronize()`` then makes every ``param.grad`` a view of its place in the buffer, as
+DDP's ``gradient_as_bucket_view``: the reduced gradient is there with no copy back, and
+with ``zero_grad(set_to_none=False)`` backward accumulates straight into the buffer, so the
+next copy is skipped. Over one rank (and no compression or predivision) nothing is
+reduced, and nothing is copied: an average over one rank is the gradient itself.
 
 A bucket whose gradients are all there is queued on the communication thread, in bucket
 order (never bucket i+1 before bucket i, whatever the hooks' timing, so every rank issues
@@ -77,6 +79,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._where = {p: (b, i) for b in self._buckets for i, p in enumerate(b.params)}
         self._left = {p: self._passes for p in self._where}
         self._next = 0
+        # Over one rank an average, sum, min or max changes nothing: no bucket is filled.
+        self._identity = (compression is Compression.none and self._predivide == 1.0)
+        self._skip = self._world.size == 1 and self._identity
         self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready)
                        for p in self._where]
 
@@ -93,9 +98,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._left[param] -= 1
             if self._left[param]:
                 return      # accumulate locally for another backward pass
-            _adopt(param, bucket.buffer.slot(i))
             bucket.pending -= 1
-            if bucket.pending == 0:
+            if bucket.pending == 0 and not self._skip:
                 bucket.event = caller_event(bucket.params[:1])
                 if self._overlap:
                     self._queue_ready()
@@ -104,7 +108,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # In bucket order only: a later bucket that filled first waits for the earlier ones.
         while self._next < len(self._buckets) and self._buckets[self._next].pending == 0:
             bucket = self._buckets[self._next]
-            bucket.handle = self._world.engine.submit(self._reducer(bucket))
+            engine = self._world.engine
+            reduce = self._reducer(bucket)
+            bucket.handle = (engine.run_here(reduce) if self._world.size == 1
+                             else engine.submit(reduce))
             self._next += 1
 
     def _reducer(self, bucket):
@@ -119,6 +126,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                f"{[b.buffer.flat.numel() for b in self._buckets]} elements")
             wait_event(bucket.event, bucket.params)
             start = time.perf_counter()
+            # The copy into the bucket runs here, beside backward, not in the hook: torch
+            # copies without the GIL, so it takes the other core while autograd goes on.
+            bucket.buffer.pack([p.grad for p in bucket.params])
             self._reduce(bucket.buffer.flat)
             self.comm_seconds += time.perf_counter() - start
             return caller_event(bucket.params[:1])
@@ -149,12 +159,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         Synchronisation point: every bucket's collective. Parameters that got no gradient
         in this step take part with zeros (and then hold the others' average).
         """
+        if self._skip:
+            self._reset()           # one rank's average is its own gradient: nothing to do
+            self._synchronized = True
+            return
         with self._lock:
             for bucket in self._buckets:
                 if bucket.pending:
-                    for i, p in enumerate(bucket.params):
-                        if self._left[p]:
-                            _adopt(p, bucket.buffer.slot(i), missing=True)
+                    # Parameters without a gradient take part with zeros (pack of None).
                     bucket.pending = 0
                     bucket.event = caller_event(bucket.params[:1])
             self._queue_ready()
@@ -163,6 +175,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 event = bucket.handle.wait()
                 if event is not None:
                     torch.cuda.current_stream(event.device).wait_event(event)
+                for p, slot in zip(bucket.params, bucket.buffer.slots):
+                    p.grad = slot   # the reduced gradient, in place: no copy back
         finally:
             self._reset()
         self._synchronized = True
@@ -196,7 +210,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none=True):
         """Clear gradients; an error between ``backward`` and ``step`` (a race otherwise)."""
-        if any(b.handle is not None for b in self._buckets):
+        if any(left != self._passes for left in self._left.values()):
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() but "
                                  "before optimizer.step() or optimizer.synchronize(). This is "
                                  "prohibited as it can cause a race condition.")
@@ -212,18 +226,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
-
-
-def _adopt(param, slot, missing=False):
-    """Make ``param.grad`` live in ``slot``: one copy unless it already does."""
-    grad = param.grad
-    if grad is None:
-        slot.zero_()
-    elif grad.data_ptr() != slot.data_ptr():
-        slot.copy_(grad)
-    elif missing:
-        slot.zero_()
-    param.grad = slot
 
 
 def _name_parameters(param_groups, named_parameters):

@@ -387,9 +387,9 @@ class Run:
 
     def abandon(self):
         """After a failure: release what needs no other rank; the job is about to end."""
-        reducer = getattr(getattr(self, "regime", None), "reducer", None)
-        if reducer is not None:   # the parameter servers' thread may be stuck in a collective
-            reducer.close(wait=False)
+        regime = getattr(self, "regime", None)
+        if regime is not None:
+            regime.abandon()
         watchdog = getattr(self, "watchdog", None)
         if watchdog is not None:
             watchdog.stop()

@@ -69,6 +69,9 @@ class Regime:
     def close(self):
         """Release what the regime holds (nothing by default)."""
 
+    def abandon(self):
+        """After a failure: release what needs no other rank (nothing by default)."""
+
 
 class AllreduceRegime(Regime):
     """Average gradients with :class:`hpctrain.torch.DistributedOptimizer` (any algorithm).
@@ -93,9 +96,14 @@ class AllreduceRegime(Regime):
             raise RuntimeError(f"hpctrain.torch was started with allreduce "
                                f"{hvd.algorithm()!r} on {hvd.size()} ranks; this run wants "
                                f"{algo!r} on {comm.Get_size()}")
-        self.optimizer = hvd.DistributedOptimizer(
-            make_optimizer(model.parameters()), named_parameters=model.named_parameters(),
-            bucket_mb=bucket_mb, overlap=overlap)
+        self.optimizer = None
+        try:
+            self.optimizer = hvd.DistributedOptimizer(
+                make_optimizer(model.parameters()), named_parameters=model.named_parameters(),
+                bucket_mb=bucket_mb, overlap=overlap)
+        except BaseException:
+            self.abandon()
+            raise
         self.overlap = overlap
 
     @property
@@ -139,6 +147,16 @@ class AllreduceRegime(Regime):
             close()
         if self.started:
             self.hvd.shutdown()
+
+    def abandon(self):
+        """After a failure: remove the hooks and forget the world, waiting for no rank."""
+        close = getattr(self.optimizer, "close", None)
+        if close is not None:
+            close()
+        if self.started:
+            from ..torch import basics
+
+            basics.abandon()
 
 
 def check_same_buckets(buckets, comm):
@@ -190,6 +208,10 @@ class _BucketRegime(Regime):
         """Remove the hooks, stop the communication thread, free the communicator."""
         self.reducer.close()
         self.grad_comm.Free()
+
+    def abandon(self):
+        """After a failure: the thread may be stuck in a collective; do not wait for it."""
+        self.reducer.close(wait=False)
 
 
 class ServerRegime(_BucketRegime):

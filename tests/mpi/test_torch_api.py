@@ -192,6 +192,8 @@ def test_distributed_optimizer_reaches_horovods_weights(algo, comm, horovod_weig
 
 def test_gradients_live_in_the_buckets_after_a_step(algo, comm):
     ours(algo)
+    if comm.size == 1:
+        pytest.skip("one rank reduces nothing: its gradients stay where autograd put them")
     _, opt = train_steps(OPTIMIZERS["sgd"], steps=2, bucket_mb=200 / 2**20)
     inside = []
     for bucket in opt.buckets:
