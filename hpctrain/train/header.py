@@ -18,7 +18,7 @@ def write(run):
     lines = [
         f"hpctrain train: {run.size} rank{'s' if run.size > 1 else ''}, {how}, "
         f"device {run.device}, MPI thread level {levels.get(MPI.Query_thread(), '?')}",
-        f"data {c.data}{' (prepared now)' if run.prepared else ''}: "
+        f"data {c.dataset or c.data}{' (prepared now)' if run.prepared else ''}: "
         f"{len(run.dataset)} samples of {shape}, {run.dataset.num_classes} classes; "
         f"{len(run.train_rows)} train / {len(run.val_rows)} validation rows",
         batch_line(run),

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 from .. import faults
 from ..data import HDF5Dataset, digits, split_indices
+from ..data.torch_dataset import TorchDataset
 from ..errors import UsageError
 from ..sampler import shard_indices
 from ..watchdog import StallWatchdog
@@ -110,8 +111,10 @@ class Run:
                                                        log=self._log)
         if self.saved is not None:
             resume.check_checkpoint(self.saved, config, self.size, self.resume_path)
-        auto = digits.is_auto_prepared(config.data)
-        if not auto:  # a missing or wrong file raises UsageError here, before any collective
+        auto = not config.dataset and digits.is_auto_prepared(config.data)
+        if config.dataset:
+            self.dataset = TorchDataset(config.dataset)
+        elif not auto:  # a missing or wrong file raises UsageError here, before any collective
             self.dataset = HDF5Dataset(config.data, config.x, config.y)
         # First collective: every rank decides the same way, from the configuration alone.
         self.prepared = auto and digits.ensure(config.data, comm)

@@ -18,7 +18,7 @@ def _model_options(config):
 #: order in which batches are drawn and what a saved sampler position means, and the
 #: optimizer whose state is restored (``load_state_dict`` would silently put the saved
 #: momentum and weight decay back; a new lr would change the schedule mid-run).
-RESUME_KEYS = ("data", "x", "y", "val_fraction", "split_seed", "seed", "batch_size",
+RESUME_KEYS = ("data", "dataset", "x", "y", "val_fraction", "split_seed", "seed", "batch_size",
                "shuffle", "drop_last", "optimizer", "lr", "momentum", "weight_decay")
 
 
