@@ -65,8 +65,8 @@ CASES = {
                                   "labels /y must be class indices 0 to 3 (its attribute "
                                   "'classes' is 4), but they range from 0 to 4"),
     "unknown algorithm": (["--allreduce=rign"],
-                          "allreduce: 'rign' is not one of horovod, mpi, ring, tree, "
-                          "butterfly, ps, ps-sharded, auto"),
+                          "allreduce: 'rign' is not one of butterfly, horovod, mpi, ps, "
+                          "ps-sharded, ring, tree, auto"),
     "unknown model": (["--model=resnet"], "model: 'resnet' is not one of mlp, cnn, wide"),
     "unknown regime": (["--regime=gossip"],
                        "regime: 'gossip' is not one of allreduce, ps, ps-sharded, async-ps"),

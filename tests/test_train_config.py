@@ -64,7 +64,7 @@ def test_unknown_key_lists_the_valid_keys(tmp_path):
 
 
 @pytest.mark.parametrize("key, text, message", [
-    ("allreduce", "rign", "not one of horovod, mpi, ring, tree, butterfly, ps, ps-sharded"),
+    ("allreduce", "rign", "not one of butterfly, horovod, mpi, ps, ps-sharded, ring, tree, auto"),
     ("regime", "sync", "not one of allreduce, ps, ps-sharded, async-ps"),
     ("epochs", "three", "not a valid int"),
     ("epochs", "0", "epochs must be >= 1"),
