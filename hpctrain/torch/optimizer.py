@@ -72,6 +72,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._checked = False
         self._lock = threading.Lock()     # autograd may run hooks on its device threads
         self.comm_seconds = 0.0
+        # Called on the communication thread before each bucket's reduction (fault tests).
+        self.before_reduce = None
         named = _name_parameters(self.param_groups, named_parameters)
         wanted = [(n, p) for n, p in named if p.requires_grad]
         self._buckets = [Bucket(i, group) for i, group in
@@ -124,6 +126,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 # Once: equal layouts make every rank's bucket collectives match.
                 agree(w, mine, f"DistributedOptimizer with {len(self._buckets)} buckets of "
                                f"{[b.buffer.flat.numel() for b in self._buckets]} elements")
+            if self.before_reduce is not None:
+                self.before_reduce()
             wait_event(bucket.event, bucket.params)
             start = time.perf_counter()
             # The copy into the bucket runs here, beside backward, not in the hook: torch

@@ -104,6 +104,9 @@ class AllreduceRegime(Regime):
         except BaseException:
             self.abandon()
             raise
+        if hasattr(self.optimizer, "before_reduce"):     # not Horovod's
+            rank = comm.Get_rank()
+            self.optimizer.before_reduce = lambda: faults.inject("train.reduce", rank)
         self.overlap = overlap
 
     @property
@@ -127,7 +130,6 @@ class AllreduceRegime(Regime):
 
     def step(self, may_update=bool):
         """Collective: wait for the averaged gradients, then step; return seconds waited."""
-        faults.inject("train.reduce", self.comm.Get_rank())
         start = time.perf_counter()
         self.optimizer.synchronize()
         waited = time.perf_counter() - start
