@@ -295,3 +295,10 @@ def test_world_matches_mpi_and_build_flags(algo, comm):
     ok = ok and 0 <= hvd.local_rank() < hvd.local_size() <= comm.size
     ok = ok and 0 <= hvd.cross_rank() < hvd.cross_size()
     all_ranks(comm, ok and isinstance(hvd.nccl_built(), (bool, int)))
+
+
+def test_a_tensor_on_an_unsupported_device_is_refused_everywhere(algo, comm):
+    ours(algo)
+    with pytest.raises(ValueError, match="tensors on 'meta' are not supported"):
+        hvd.allreduce(torch.empty(2, device="meta"))
+    hvd.barrier()
