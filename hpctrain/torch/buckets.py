@@ -32,7 +32,8 @@ class FlatBuffer:
         for t in tensors:
             self.offsets.append(total)
             total += t.numel()
-        self.flat = torch.zeros(total, dtype=tensors[0].dtype, device=tensors[0].device if device is None else device)
+        where = tensors[0].device if device is None else device
+        self.flat = torch.zeros(total, dtype=tensors[0].dtype, device=where)
         self.slots = [self.flat[o:o + t.numel()].view(t.shape)
                       for o, t in zip(self.offsets, tensors)]
 
