@@ -16,7 +16,7 @@ from hpctrain import info, mpi_support
 from hpctrain.collectives import ALGORITHMS, DTYPES, context
 from hpctrain.mpi_support import CudaAwareness
 from hpctrain.train import TrainConfig
-from hpctrain.train.loop import _device
+from hpctrain.train.build import device as _device
 
 NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}     # torch sees no GPU, even on a GPU machine
 REPO = Path(__file__).resolve().parents[1]

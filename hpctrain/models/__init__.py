@@ -7,11 +7,15 @@
   algorithms.
 
 Adding a model: one new module with ``build(sample_shape, classes, *, hidden, model_mb)``
-and one entry in ``MODELS``.
+and one entry in ``MODELS``. A user's own model needs no change here: a name
+``package.module:factory`` calls ``factory(sample_shape, classes) -> nn.Module``.
 """
 
 import torch
+from torch import nn
 
+from .. import plugins
+from ..errors import UsageError
 from . import cnn, mlp, wide
 
 #: Model builders by name.
@@ -20,8 +24,11 @@ MODELS = {"mlp": mlp.build, "cnn": cnn.build, "wide": wide.build}
 
 def build_model(name, sample_shape, classes, *, hidden=128, model_mb=16.0, seed=0):
     """A freshly initialised model; the same ``seed`` gives the same weights on every rank."""
+    if plugins.is_spec(name):
+        return _build_own(name, tuple(sample_shape), classes, seed)
     if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}, or "
+                         f"package.module:factory")
     # Initialise from a private generator so that building a model leaves the caller's
     # random state alone.
     with torch.random.fork_rng(devices=[]):
@@ -32,3 +39,18 @@ def build_model(name, sample_shape, classes, *, hidden=128, model_mb=16.0, seed=
 def parameter_bytes(model):
     """Bytes taken by the model's parameters (and so by one full gradient)."""
     return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def _build_own(spec, sample_shape, classes, seed):
+    factory = plugins.load(spec, "--model")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        try:
+            model = factory(sample_shape, classes)
+        except Exception as exc:  # noqa: BLE001 - the user's factory failed
+            raise UsageError(f"--model {spec!r}: factory({sample_shape}, {classes}) failed: "
+                             f"{type(exc).__name__}: {exc}") from None
+    if not isinstance(model, nn.Module):
+        raise UsageError(f"--model {spec!r}: the factory returned {type(model).__name__}, "
+                         f"not a torch.nn.Module")
+    return model

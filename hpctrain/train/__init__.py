@@ -2,9 +2,12 @@
 
 - ``config``: the typed configuration (TOML file + ``--key=value`` overrides);
 - ``loop``: ``train(config, comm) -> TrainResult``, the loop every regime shares;
-- ``regimes``: synchronous regimes (allreduce, Horovod, parameter server, sharded server);
+- ``build``: the run's sampler, model, optimizer, regime and device from its configuration;
+- ``header``: the ``#`` header and ``config.toml``; ``resume``: checkpoint compatibility;
+- ``regimes``: synchronous regimes (allreduce through ``hpctrain.torch``, parameter server,
+  sharded server);
 - ``async_ps``: the asynchronous parameter server;
-- ``gradients``: gradient buckets reduced during backward on a communication thread;
+- ``gradients``: the parameter servers' buckets, reduced during backward on a thread;
 - ``replicas``: broadcast of rank 0's state and the identical-weights check;
 - ``schedule``: linear learning-rate scaling with gradual warm-up;
 - ``checkpoint``: atomic checkpoints and exact resume;

@@ -23,6 +23,7 @@ import torch
 from mpi4py import MPI
 
 from .. import faults
+from ..torch.buckets import FlatBuffer
 from .nonfinite import NonFiniteError, verdict
 from .regimes import Regime
 from .replicas import broadcast_model, broadcast_optimizer
@@ -41,7 +42,9 @@ class AsyncServerRegime(Regime):
         self.model, self.comm = model, comm
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(self.params)
-        self.flat = torch.zeros(sum(p.numel() for p in self.params))
+        # Messages travel through host memory (send/recv of NumPy views).
+        self.buffer = FlatBuffer(self.params, device=torch.device("cpu"))
+        self.flat = self.buffer.flat
 
     def broadcast_initial(self):
         """Collective: every rank takes the server's weights and optimizer state."""
@@ -74,14 +77,15 @@ class AsyncServerRegime(Regime):
             staleness = run.step - version
             if not stop:
                 self._apply(run, sums, staleness)
-            _pack(self.params, self.flat, grads=False)
+            self.buffer.pack(self.params)
             self.comm.send((run.step, stop), dest=worker, tag=TAG_VERSION)
             self.comm.Send(self.flat.numpy(), dest=worker, tag=TAG_WEIGHTS)
             run.progress.update(run.step - sums.first_step, f"staleness {staleness}")
 
     def _apply(self, run, sums, staleness):
         start = time.perf_counter()
-        _unpack(self.flat, self.params, grads=True)
+        for p, slot in zip(self.params, self.buffer.slots):
+            p.grad = slot.to(p.device, copy=True)   # the buffer receives the next message
         self.set_lr(run.schedule(run.step))
         self.optimizer.step()
         run.step += 1
@@ -109,13 +113,13 @@ class AsyncServerRegime(Regime):
                 run.skipped += 1
                 continue
             run.count_batch(sums, loss, correct, count)
-            _pack(self.params, self.flat, grads=True)
+            self.buffer.pack([p.grad for p in self.params])
             faults.inject("train.push", run.rank)
             self.comm.send(version, dest=SERVER, tag=TAG_PUSH)
             self.comm.Send(self.flat.numpy(), dest=SERVER, tag=TAG_GRAD)
             version, stop = self.comm.recv(source=SERVER, tag=TAG_VERSION)
             self.comm.Recv(self.flat.numpy(), source=SERVER, tag=TAG_WEIGHTS)
-            _unpack(self.flat, self.params, grads=False)
+            self.buffer.unpack(self.params)
             done = time.perf_counter()
             sums.data_s += loaded - start
             sums.compute_s += computed - loaded
@@ -124,29 +128,3 @@ class AsyncServerRegime(Regime):
             if stop:
                 break
         self.comm.send(None, dest=SERVER, tag=TAG_PUSH)
-
-
-def _pack(params, flat, grads):
-    offset = 0
-    with torch.no_grad():
-        for p in params:
-            source = p.grad if grads else p
-            n = p.numel()
-            if source is None:
-                flat[offset:offset + n].zero_()
-            else:
-                flat[offset:offset + n].copy_(source.reshape(-1))
-            offset += n
-
-
-def _unpack(flat, params, grads):
-    offset = 0
-    with torch.no_grad():
-        for p in params:
-            n = p.numel()
-            piece = flat[offset:offset + n].view_as(p)
-            if grads:
-                p.grad = piece.to(p.device, copy=True)
-            else:
-                p.copy_(piece)
-            offset += n

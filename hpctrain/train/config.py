@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from .. import plugins
 from ..collectives import ALGORITHMS
 from ..errors import UsageError
 
@@ -24,7 +25,9 @@ try:
 except ModuleNotFoundError:  # Python < 3.11
     import tomli as tomllib
 
-ALLREDUCE = (*ALGORITHMS, "auto")   # every registered algorithm
+#: The --allreduce names: the collectives' registry (each algorithm registers itself), and
+#: auto, which picks one of them per bucket size.
+ALLREDUCE = (*ALGORITHMS, "auto")
 REGIMES = ("allreduce", "ps", "ps-sharded", "async-ps")
 OPTIMIZERS = ("sgd", "adam")
 DEVICES = ("cpu", "cuda")
@@ -58,13 +61,16 @@ class TrainConfig:
     # --- data ------------------------------------------------------------------------------
     data: str = _key("data/digits.h5", "HDF5 file with samples and labels; a missing file "
                                        "named digits.h5 is prepared automatically")
+    dataset: str = _key("", "your own data instead of --data: package.module:factory, "
+                        "factory() -> a torch Dataset of (sample, label) pairs")
     x: str = _key("x", "name of the samples dataset in the HDF5 file")
     y: str = _key("y", "name of the labels dataset in the HDF5 file")
     val_fraction: float = _key(0.2, "fraction of the rows held out for validation "
                                     "(seeded split)", minimum=0.0, below=1.0)
     split_seed: int = _key(0, "seed of the train/validation split")
     # --- model -----------------------------------------------------------------------------
-    model: str = _key("mlp", "model from the registry", choices=MODELS)
+    model: str = _key("mlp", "model: a built-in name (mlp, cnn, wide) or your own, "
+                      "package.module:factory with factory(sample_shape, classes) -> nn.Module")
     hidden: int = _key(128, "hidden width of mlp (and channels of cnn)", minimum=1)
     model_mb: float = _key(16.0, "parameter (= gradient) size of the wide model in MB",
                            positive=True)
@@ -266,6 +272,11 @@ def _from_toml(f, value, path):
 
 def _check_value(f, value):
     meta, name = f.metadata, f.name
+    if name == "model" and value not in MODELS and not plugins.is_spec(value):
+        raise UsageError(f"model: {value!r} is not one of {', '.join(MODELS)}, nor a "
+                         f"package.module:factory")
+    if name == "dataset" and value and not plugins.is_spec(value):
+        raise UsageError(f"dataset: {value!r} is not a package.module:factory")
     if meta["choices"] and value not in meta["choices"]:
         raise UsageError(f"{name}: {value!r} is not one of {', '.join(meta['choices'])}")
     # NaN compares false with every bound below, and inf passes a lower bound: either would

@@ -1,7 +1,10 @@
-"""Gradient buckets whose reduction overlaps the rest of backward, as DDP and Horovod do.
+"""Gradient buckets reduced while backward runs, for the parameter-server regimes.
 
-Parameters are grouped into buckets of about ``bucket_mb`` MB in *reverse* registration
-order: backward produces the last layer's gradients first, so the first bucket fills first.
+The allreduce regime uses :class:`hpctrain.torch.DistributedOptimizer`; the parameter
+servers reduce onto one rank (``Reduce``) or onto shards (``Reduce_scatter``), which no
+allreduce optimizer offers, so they drive their buckets here with their own ``reduce``.
+Buckets are cut and packed as everywhere else (:mod:`hpctrain.torch.buckets`).
+
 A hook on every parameter (``register_post_accumulate_grad_hook``) copies its gradient into
 the bucket's flat buffer as soon as autograd has finished it; when a bucket is complete it
 is queued for the one communication thread, which reduces buckets strictly in bucket order
@@ -27,6 +30,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..torch.buckets import FlatBuffer, assign_buckets
+
+__all__ = ["Bucket", "BucketReducer", "assign_buckets"]
+
 
 @dataclass
 class Bucket:
@@ -35,50 +42,31 @@ class Bucket:
     index: int
     names: list
     params: list
-    offsets: list
-    flat: torch.Tensor
+    buffer: FlatBuffer
     ready: list = field(default_factory=list)
     pending: int = 0
     done: threading.Event = field(default_factory=threading.Event)
 
-    def slot(self, i):
-        """The flat buffer's slice that holds parameter ``i``'s gradient."""
-        start = self.offsets[i]
-        return self.flat[start:start + self.params[i].numel()]
-
-
-def assign_buckets(named_params, bucket_bytes):
-    """Split ``(name, param)`` pairs, in reverse order, into lists of about ``bucket_bytes``.
-
-    A parameter larger than ``bucket_bytes`` gets a bucket of its own; a change of dtype
-    starts a new bucket (one flat buffer holds one dtype).
-    """
-    buckets, current, size = [], [], 0
-    for name, param in reversed(list(named_params)):
-        nbytes = param.numel() * param.element_size()
-        if current and (size + nbytes > bucket_bytes or param.dtype != current[-1][1].dtype):
-            buckets.append(current)
-            current, size = [], 0
-        current.append((name, param))
-        size += nbytes
-    if current:
-        buckets.append(current)
-    return buckets
+    @property
+    def flat(self):
+        """The bucket's flat vector."""
+        return self.buffer.flat
 
 
 class BucketReducer:
     """Reduce the gradients of ``named_params`` bucket by bucket with ``reduce(flat, bucket)``.
 
-    ``reduce`` reduces ``bucket.flat`` in place (e.g. an allreduce average); it runs on the
+    ``reduce`` reduces ``bucket.flat`` in place (e.g. a reduce onto rank 0); it runs on the
     communication thread when ``overlap`` is true, else in ``wait`` on the calling thread.
-    Buffers live on the CPU: gradients on a GPU are staged through host memory.
+    Buffers live in host memory: they are handed to MPI as NumPy views.
     """
 
     def __init__(self, named_params, reduce, bucket_mb, overlap=True):
         named = [(n, p) for n, p in named_params if p.requires_grad]
         self.reduce, self.overlap = reduce, overlap
-        self.buckets = [self._make_bucket(i, group) for i, group in
-                        enumerate(assign_buckets(named, int(bucket_mb * 2**20)))]
+        self.buckets = [Bucket(i, [n for n, _ in group], [p for _, p in group],
+                               FlatBuffer([p for _, p in group], device=torch.device("cpu")))
+                        for i, group in enumerate(assign_buckets(named, int(bucket_mb * 2**20)))]
         self._where = {id(p): (b, i) for b in self.buckets for i, p in enumerate(b.params)}
         self._lock = threading.Lock()
         self._next = 0          # the next bucket to queue; buckets are queued in order
@@ -94,17 +82,6 @@ class BucketReducer:
             self._thread.start()
         self._reset()
 
-    @staticmethod
-    def _make_bucket(index, group):
-        names = [n for n, _ in group]
-        params = [p for _, p in group]
-        offsets, total = [], 0
-        for p in params:
-            offsets.append(total)
-            total += p.numel()
-        flat = torch.zeros(total, dtype=params[0].dtype)
-        return Bucket(index, names, params, offsets, flat)
-
     def _reset(self):
         for bucket in self.buckets:
             bucket.ready = [False] * len(bucket.params)
@@ -118,7 +95,7 @@ class BucketReducer:
             if bucket.ready[i]:
                 raise RuntimeError(f"gradient of {bucket.names[i]} produced twice in one step: "
                                    f"call wait() after every backward")
-            bucket.slot(i).copy_(param.grad.detach().reshape(-1))
+            bucket.buffer.slot(i).copy_(param.grad.detach())
             bucket.ready[i] = True
             bucket.pending -= 1
             if self.overlap:
@@ -177,17 +154,15 @@ class BucketReducer:
     def _fill_missing(self, bucket):
         for i, ready in enumerate(bucket.ready):
             if not ready:
-                bucket.slot(i).zero_()
+                bucket.buffer.slot(i).zero_()
         bucket.pending = 0
 
     def _unpack(self):
         for bucket in self.buckets:
-            for i, p in enumerate(bucket.params):
-                reduced = bucket.slot(i).view_as(p)
+            for p in bucket.params:
                 if p.grad is None:
-                    p.grad = reduced.to(p.device, copy=True)
-                else:
-                    p.grad.copy_(reduced)
+                    p.grad = torch.zeros_like(p)
+            bucket.buffer.unpack([p.grad for p in bucket.params])
 
     def close(self, wait=True):
         """Remove the hooks and stop the communication thread.

@@ -26,7 +26,6 @@ waited for longer than ``stall_warning`` seconds and aborts the job after ``stal
 
 import dataclasses
 import math
-import os
 import random
 import sys
 import time
@@ -38,16 +37,14 @@ import torch
 import torch.nn.functional as F
 
 from .. import faults
-from ..devices import rank_device
 from ..data import HDF5Dataset, digits, split_indices
+from ..data.torch_dataset import TorchDataset
 from ..errors import UsageError
-from ..models import build_model, parameter_bytes
-from ..sampler import DistributedSampler, shard_indices
+from ..sampler import shard_indices
 from ..watchdog import StallWatchdog
-from . import checkpoint, replicas, report
-from .async_ps import AsyncServerRegime
+from . import build, checkpoint, header, replicas, report, resume
+from .build import make_model, make_sampler, optimizer_factory  # noqa: F401 - used by study.ddp
 from .config import checkpoint_interval
-from .regimes import AllreduceRegime, HorovodRegime, ServerRegime, ShardedServerRegime
 from .nonfinite import NonFiniteError, describe, verdict
 from .schedule import WarmupSchedule, target_lr
 
@@ -109,13 +106,15 @@ class Run:
         self.config, self.rank, self.size = config, comm.Get_rank(), comm.Get_size()
         self.asynchronous = config.regime == "async-ps"
         self.trainers = self.size - 1 if self.asynchronous else self.size
-        _check_world(config, self.size)
+        build.check_world(config, self.size)
         self.resume_path, self.saved = checkpoint.find(config.resume, config.run_path,
                                                        log=self._log)
         if self.saved is not None:
-            _check_checkpoint(self.saved, config, self.size, self.resume_path)
-        auto = digits.is_auto_prepared(config.data)
-        if not auto:  # a missing or wrong file raises UsageError here, before any collective
+            resume.check_checkpoint(self.saved, config, self.size, self.resume_path)
+        auto = not config.dataset and digits.is_auto_prepared(config.data)
+        if config.dataset:
+            self.dataset = TorchDataset(config.dataset)
+        elif not auto:  # a missing or wrong file raises UsageError here, before any collective
             self.dataset = HDF5Dataset(config.data, config.x, config.y)
         # First collective: every rank decides the same way, from the configuration alone.
         self.prepared = auto and digits.ensure(config.data, comm)
@@ -123,11 +122,11 @@ class Run:
             self.dataset = HDF5Dataset(config.data, config.x, config.y)
         self.train_rows, self.val_rows = split_indices(len(self.dataset), config.val_fraction,
                                                        config.split_seed)
-        self.sampler = make_sampler(config, len(self.train_rows), self.rank, self.size)
+        self.sampler = build.make_sampler(config, len(self.train_rows), self.rank, self.size)
         random.seed(config.seed)
         np.random.seed(config.seed)
         torch.manual_seed(config.seed)
-        self.model = make_model(config, self.dataset)
+        self.model = build.make_model(config, self.dataset)
         self.comm = comm.Dup()
         try:
             self._start(config, comm)
@@ -139,9 +138,9 @@ class Run:
         # The collective part of start-up: a failure here must stop the watchdog's thread.
         self.watchdog = StallWatchdog(self.comm, config.stall_warning,
                                       config.stall_timeout or None)
-        self.device = _device(config, self.comm)
+        self.device = build.device(config, self.comm)
         self.model.to(self.device)
-        self.regime = _make_regime(config, self.model, self.comm, comm)
+        self.regime = build.make_regime(config, self.model, self.comm, comm)
         update_batch = config.batch_size * (1 if self.asynchronous else self.size)
         self.updates_per_epoch = len(self.sampler) * (self.trainers if self.asynchronous else 1)
         self.lr = target_lr(config.lr, update_batch, config.base_batch_size, config.lr_scaling)
@@ -168,7 +167,7 @@ class Run:
                                           append=self.saved is not None, enabled=self.rank == 0,
                                           epochs_done=self.sampler.epoch)
         if self.rank == 0:
-            self._write_header()
+            header.write(self)
 
     # --- start-up ---------------------------------------------------------------------------
 
@@ -201,65 +200,6 @@ class Run:
         if differ:
             raise UsageError(f"ranks {differ} start elsewhere than rank 0 ({starts[0]}): "
                              f"is the run directory on a file system all ranks share?")
-
-    def _write_header(self):
-        from mpi4py import MPI
-
-        c, path = self.config, self.config.run_path
-        path.mkdir(parents=True, exist_ok=True)
-        (path / "config.toml").write_text(c.to_toml())
-        levels = {MPI.THREAD_SINGLE: "SINGLE", MPI.THREAD_FUNNELED: "FUNNELED",
-                  MPI.THREAD_SERIALIZED: "SERIALIZED", MPI.THREAD_MULTIPLE: "MULTIPLE"}
-        how = f"allreduce {c.allreduce}" if c.regime == "allreduce" else f"regime {c.regime}"
-        shape = "x".join(map(str, self.dataset.sample_shape))
-        params = sum(p.numel() for p in self.model.parameters())
-        lines = [
-            f"hpctrain train: {self.size} rank{'s' if self.size > 1 else ''}, {how}, "
-            f"device {self.device}, MPI thread level {levels.get(MPI.Query_thread(), '?')}",
-            f"data {c.data}{' (prepared now)' if self.prepared else ''}: "
-            f"{len(self.dataset)} samples of {shape}, {self.dataset.num_classes} classes; "
-            f"{len(self.train_rows)} train / {len(self.val_rows)} validation rows",
-            self._batch_line(),
-            self._lr_line(),
-            f"model {c.model}: {params:,} parameters ({parameter_bytes(self.model) / 2**20:.2f}"
-            f" MB){self._bucket_text()}",
-            f"run directory {path}" + (f" (resumed from {self.resume_path} at epoch "
-                                       f"{self.sampler.epoch + 1}, step {self.step})"
-                                       if self.saved is not None else ""),
-            f"weights identical on all ranks after the broadcast "
-            f"(checksum {self.initial_checksum:014x})",
-            "configuration:"] + [f"  {line}" for line in c.to_toml().splitlines()]
-        print("\n".join(f"# {line}" for line in lines), flush=True)
-
-    def _batch_line(self):
-        c, s = self.config, self.sampler
-        if self.asynchronous:
-            return (f"batch {c.batch_size} per worker x {self.trainers} workers (rank 0 serves); "
-                    f"{self.updates_per_epoch} updates per epoch")
-        return (f"global batch {s.global_batch_size} = {c.batch_size} per rank x {self.size} "
-                f"ranks; {len(s)} steps per epoch ({s.padding} padded samples per epoch)"
-                if not c.drop_last else
-                f"global batch {s.global_batch_size} = {c.batch_size} per rank x {self.size} "
-                f"ranks; {len(s)} steps per epoch (drop_last)")
-
-    def _lr_line(self):
-        c = self.config
-        scaled = (f"lr {self.lr:g} = {c.lr:g} x {self.lr / c.lr * c.base_batch_size:g} / "
-                  f"{c.base_batch_size} (linear scaling)" if c.lr_scaling == "linear"
-                  else f"lr {self.lr:g} (no scaling)")
-        if self.warmup_steps:
-            scaled += (f", warm-up from {c.lr:g} over {c.warmup_epochs:g} epochs "
-                       f"({self.warmup_steps} steps)")
-        if c.lr_decay == "cosine":
-            scaled += f", then cosine decay to 0 at step {self.schedule.total_steps}"
-        return scaled
-
-    def _bucket_text(self):
-        reducer = getattr(self.regime, "reducer", None)
-        if reducer is None:
-            return ""
-        return (f", {len(reducer.buckets)} gradient bucket(s) of <= {self.config.bucket_mb:g} MB"
-                f", overlap {'on' if reducer.overlap else 'off'}")
 
     # --- training ----------------------------------------------------------------------------
 
@@ -450,9 +390,9 @@ class Run:
 
     def abandon(self):
         """After a failure: release what needs no other rank; the job is about to end."""
-        reducer = getattr(getattr(self, "regime", None), "reducer", None)
-        if reducer is not None:
-            reducer.close(wait=False)
+        regime = getattr(self, "regime", None)
+        if regime is not None:
+            regime.abandon()
         watchdog = getattr(self, "watchdog", None)
         if watchdog is not None:
             watchdog.stop()
@@ -499,151 +439,3 @@ def evaluate(run):
     if sums[2] == 0:
         return math.nan, math.nan
     return sums[0] / sums[2], sums[1] / sums[2]
-
-
-def _check_world(config, size):
-    if config.regime == "async-ps":
-        if size < 2:
-            raise UsageError("--regime async-ps needs at least 2 ranks: rank 0 serves, the "
-                             "others train")
-        if checkpoint_interval(config.checkpoint_every)[1] == "step":
-            raise UsageError("--regime async-ps checkpoints at epoch ends only: use "
-                             "--checkpoint-every N (epochs)")
-        if config.check_consistency:
-            # Asynchronous workers hold different weights by design: a comparison would
-            # report a divergence at every check.
-            raise UsageError("--check-consistency compares replicas that train in lockstep; "
-                             "under --regime async-ps the workers' weights differ by design: "
-                             "use --check-consistency 0 or another regime")
-    if config.device == "cuda":
-        if not torch.cuda.is_available():
-            raise UsageError("--device cuda: this torch build sees no CUDA GPU")
-        if config.regime == "allreduce" and config.allreduce == "horovod":
-            import horovod.torch as hvd
-
-            if not hvd.cuda_built():
-                raise UsageError("--device cuda with --allreduce horovod needs Horovod built "
-                                 "with CUDA; choose another --allreduce")
-
-
-def _model_options(config):
-    size_key = "model_mb" if config["model"] == "wide" else "hidden"
-    return f"--model {config['model']} --{size_key.replace('_', '-')} {config[size_key]}"
-
-
-#: Keys a resumed run must share with its checkpoint: they fix the data and its split, the
-#: order in which batches are drawn and what a saved sampler position means, and the
-#: optimizer whose state is restored (``load_state_dict`` would silently put the saved
-#: momentum and weight decay back; a new lr would change the schedule mid-run).
-RESUME_KEYS = ("data", "x", "y", "val_fraction", "split_seed", "seed", "batch_size",
-               "shuffle", "drop_last", "optimizer", "lr", "momentum", "weight_decay")
-
-
-def _check_checkpoint(saved, config, size, path):
-    built, wanted = _model_options(saved["config"]), _model_options(config.to_dict())
-    if built != wanted:
-        raise UsageError(f"checkpoint {str(path)!r} holds a model built with {built}; this "
-                         f"run builds {wanted}: resume with {built}, or start afresh "
-                         f"without --resume")
-    differ = _resume_differences(saved["config"], config.to_dict())
-    if differ:
-        listed = ", ".join(f"{_option(k)} {saved['config'][k]} (this run: {v})"
-                           for k, v in differ.items())
-        same = " ".join(f"{_option(k)} {saved['config'][k]}" for k in differ)
-        raise UsageError(f"checkpoint {str(path)!r} was written with other settings than "
-                         f"this run's: {listed}; a resumed run must continue the same "
-                         f"training: resume with {same}, or start a new run (another "
-                         f"--run-dir, without --resume)")
-    was_sharded, is_sharded = saved.get("regime") == "ps-sharded", config.regime == "ps-sharded"
-    if was_sharded != is_sharded:
-        raise UsageError(f"checkpoint {str(path)!r} was written by --regime "
-                         f"{saved.get('regime')}; its optimizer state does not fit --regime "
-                         f"{config.regime}")
-    # Another rank count changes the global batch, hence what "batch k" of an epoch means,
-    # and the shards of a sharded optimizer: only an epoch boundary of an unsharded run
-    # can be resumed on another number of ranks.
-    if saved["world_size"] != size and (saved["sampler"]["batch"] or is_sharded):
-        raise UsageError(f"checkpoint {str(path)!r} was written by {saved['world_size']} "
-                         f"ranks mid-epoch or with a sharded optimizer: resume it on "
-                         f"{saved['world_size']} ranks (this run has {size})")
-
-
-def _resume_differences(saved, wanted):
-    # {key: this run's value} for every RESUME_KEYS entry that differs from the checkpoint's;
-    # a key the checkpoint lacks is not compared, and Adam has no momentum to compare.
-    keys = [k for k in RESUME_KEYS if k in saved
-            and not (k == "momentum" and wanted["optimizer"] == saved["optimizer"] == "adam")]
-    return {k: wanted[k] for k in keys if not _same_setting(k, saved[k], wanted[k])}
-
-
-def _same_setting(key, saved, wanted):
-    if key == "data" and saved != wanted:
-        # The same file named another way (relative, through a link) is the same data.
-        try:
-            return os.path.samefile(saved, wanted)
-        except OSError:
-            return os.path.abspath(saved) == os.path.abspath(wanted)
-    return saved == wanted
-
-
-def _option(key):
-    return f"--{key.replace('_', '-')}"
-
-
-def make_sampler(config, num_rows, rank, size):
-    if num_rows == 0:
-        raise UsageError(f"--val-fraction {config.val_fraction:g} leaves no training rows of "
-                         f"{config.data!r}: lower it, or use a larger data set")
-    if config.regime == "async-ps":
-        rank, size = max(rank - 1, 0), size - 1  # the server takes no batches
-    try:
-        return DistributedSampler(num_rows, config.batch_size, rank, size,
-                                  shuffle=config.shuffle, seed=config.seed,
-                                  drop_last=config.drop_last)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-
-
-def make_model(config, dataset):
-    try:
-        return build_model(config.model, dataset.sample_shape, dataset.num_classes,
-                           hidden=config.hidden, model_mb=config.model_mb, seed=config.seed)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-
-
-def optimizer_factory(config):
-    if config.optimizer == "adam":
-        return lambda params: torch.optim.Adam(params, lr=config.lr,
-                                               weight_decay=config.weight_decay)
-    return lambda params: torch.optim.SGD(params, lr=config.lr, momentum=config.momentum,
-                                          weight_decay=config.weight_decay)
-
-
-def _make_regime(config, model, comm, user_comm):
-    from mpi4py import MPI
-
-    make_optimizer = optimizer_factory(config)
-    # Overlap needs the communication thread to call MPI: SERIALIZED suffices, since the
-    # main thread makes no MPI call while buckets are being reduced.
-    overlap = config.overlap and MPI.Query_thread() >= MPI.THREAD_SERIALIZED
-    options = {"bucket_mb": config.bucket_mb, "overlap": overlap}
-    if config.regime == "async-ps":
-        return AsyncServerRegime(model, make_optimizer, comm)
-    if config.regime == "ps":
-        return ServerRegime(model, make_optimizer, comm, **options)
-    if config.regime == "ps-sharded":
-        return ShardedServerRegime(model, make_optimizer, comm, **options)
-    if config.allreduce == "horovod":
-        # Horovod keeps the communicator it is initialised with for the whole process: give
-        # it the caller's, which outlives this run, not our duplicate, which close() frees.
-        return HorovodRegime(model, make_optimizer, user_comm, bucket_mb=config.bucket_mb)
-    if config.allreduce == "auto":
-        from ..collectives import auto
-
-        auto.use(auto.load(config.allreduce_profile, comm))   # read by rank 0, broadcast
-    return AllreduceRegime(model, make_optimizer, comm, algo=config.allreduce, **options)
-
-
-def _device(config, comm):
-    return rank_device(config.device, comm)   # collective for cuda: the node-local rank

@@ -17,16 +17,16 @@ training loop drives once per step after ``loss.backward()``:
 
 Regimes:
 
-- ``AllreduceRegime``: gradients averaged by allreduce in overlapped buckets, then the same
-  optimizer step on every rank (``--regime allreduce``, ``--allreduce`` ≠ horovod);
-- ``HorovodRegime``: the same through ``hvd.DistributedOptimizer`` (``--allreduce horovod``);
+- ``AllreduceRegime``: ``hpctrain.torch.DistributedOptimizer`` averages gradients in
+  overlapped buckets with ``--allreduce``'s algorithm (Horovod's own optimizer for
+  ``horovod``), then the same optimizer step on every rank (``--regime allreduce``);
 - ``ServerRegime``: a synchronous parameter server on rank 0: gradients are summed onto it
   (``Reduce``, bucket by bucket, overlapped), it alone steps, then broadcasts the weights;
 - ``ShardedServerRegime``: every rank serves one shard of every bucket: ``Reduce_scatter``
   of the gradients, a step of the shard's optimizer (its state lives only there, as in
   ZeRO stage 1), then ``Allgatherv`` of the updated weights.
 
-All four compute the same update as one process training on the global batch.
+All three compute the same update as one process training on the global batch.
 """
 
 import math
@@ -69,58 +69,96 @@ class Regime:
     def close(self):
         """Release what the regime holds (nothing by default)."""
 
+    def abandon(self):
+        """After a failure: release what needs no other rank (nothing by default)."""
+
 
 class AllreduceRegime(Regime):
-    """Average gradients with ``hpctrain.collectives.allreduce(algo=algo)`` in buckets."""
+    """Average gradients with :class:`hpctrain.torch.DistributedOptimizer` (any algorithm).
+
+    The same gradient path as any user script: ``hpctrain.torch`` is started over the run's
+    ranks with ``allreduce=algo`` (``horovod`` hands the optimizer to the real Horovod),
+    parameters and optimizer state come from rank 0 by ``broadcast_parameters`` and
+    ``broadcast_optimizer_state``. ``comm_seconds`` is NaN under Horovod, which hides it.
+    """
 
     def __init__(self, model, make_optimizer, comm, *, algo, bucket_mb, overlap):
-        self.model, self.comm = model, comm
-        self.optimizer = make_optimizer(model.parameters())
-        # The communication thread gets a communicator of its own, so that its collectives
-        # can never be matched with collectives the main thread issues on ``comm``.
-        self.grad_comm = comm.Dup()
-        self.algo = algo
-        if algo is not None:
-            from .. import collectives
+        from .. import torch as hvd
 
-            self._allreduce = collectives.allreduce
-        # Registration order is the same on every rank (the same code builds the model), so
-        # bucket assignment is too; do not sort by name: it would break the reverse order in
-        # which backward produces gradients.
-        self.reducer = BucketReducer(model.named_parameters(), self._reduce_bucket, bucket_mb,
-                                     overlap)
-        check_same_buckets(self.reducer.buckets, comm)
+        self.model, self.comm, self.hvd = model, comm, hvd
+        self.started = not hvd.is_initialized()
+        if self.started:
+            if algo == "horovod":
+                # Only effective at the process's first Horovod start.
+                os.environ.setdefault("HOROVOD_FUSION_THRESHOLD", str(int(bucket_mb * 2**20)))
+            hvd.init(comm=comm, allreduce=algo)
+        elif (hvd.algorithm(), hvd.size()) != (algo, comm.Get_size()):
+            raise RuntimeError(f"hpctrain.torch was started with allreduce "
+                               f"{hvd.algorithm()!r} on {hvd.size()} ranks; this run wants "
+                               f"{algo!r} on {comm.Get_size()}")
+        self.optimizer = None
+        try:
+            self.optimizer = hvd.DistributedOptimizer(
+                make_optimizer(model.parameters()), named_parameters=model.named_parameters(),
+                bucket_mb=bucket_mb, overlap=overlap)
+        except BaseException:
+            self.abandon()
+            raise
+        if hasattr(self.optimizer, "before_reduce"):     # not Horovod's
+            rank = comm.Get_rank()
+            self.optimizer.before_reduce = lambda: faults.inject("train.reduce", rank)
+        self.overlap = overlap
 
-    def _reduce_bucket(self, flat, bucket):
-        faults.inject("train.reduce", self.grad_comm.Get_rank())
-        self._reduce(flat, bucket)
-
-    def _reduce(self, flat, bucket):
-        # check=False: the per-call argument check costs one more small allreduce per
-        # bucket; check_same_buckets proved the layout equal on every rank once, up front.
-        self._allreduce(flat, op="avg", algo=self.algo, comm=self.grad_comm, check=False)
+    @property
+    def buckets(self):
+        """The gradient buckets (``None`` under Horovod, which fuses by its own rules)."""
+        return getattr(self.optimizer, "buckets", None)
 
     @property
     def comm_seconds(self):
         """Seconds the communication thread spent reducing gradients."""
-        return self.reducer.comm_seconds
+        return getattr(self.optimizer, "comm_seconds", math.nan)
 
     def broadcast_initial(self):
         """Collective: every rank takes rank 0's weights and optimizer state."""
-        broadcast_model(self.model, self.comm)
-        broadcast_optimizer(self.optimizer, self.comm)
+        self.hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
+        # A fresh optimizer has no state; Horovod would create it by a step with zero
+        # gradients, which changes Adam's step count and weights under weight decay.
+        # Every rank reaches the same decision: all of them loaded the same checkpoint.
+        if self.optimizer.state_dict()["state"]:
+            self.hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
 
     def step(self, may_update=bool):
         """Collective: wait for the averaged gradients, then step; return seconds waited."""
-        waited = self.reducer.wait()
-        if may_update():
+        start = time.perf_counter()
+        self.optimizer.synchronize()
+        waited = time.perf_counter() - start
+        if not may_update():
+            # What step() would reset: otherwise the next step is taken for one whose
+            # gradients were already averaged.
+            self.optimizer._synchronized = False
+            return waited
+        with self.optimizer.skip_synchronize():
             self.optimizer.step()
         return waited
 
     def close(self):
-        """Remove the hooks, stop the communication thread, free the communicator."""
-        self.reducer.close()
-        self.grad_comm.Free()
+        """Remove the optimizer's hooks; stop hpctrain.torch if this regime started it."""
+        close = getattr(self.optimizer, "close", None)
+        if close is not None:
+            close()
+        if self.started:
+            self.hvd.shutdown()
+
+    def abandon(self):
+        """After a failure: remove the hooks and forget the world, waiting for no rank."""
+        close = getattr(self.optimizer, "close", None)
+        if close is not None:
+            close()
+        if self.started:
+            from ..torch import basics
+
+            basics.abandon()
 
 
 def check_same_buckets(buckets, comm):
@@ -137,7 +175,48 @@ def check_same_buckets(buckets, comm):
                            f"({len(layouts[0])} buckets): do all ranks build the same model?")
 
 
-class ServerRegime(AllreduceRegime):
+class _BucketRegime(Regime):
+    """Gradients reduced bucket by bucket by ``_reduce`` (a parameter server's Reduce)."""
+
+    def __init__(self, model, make_optimizer, comm, *, bucket_mb, overlap):
+        self.model, self.comm = model, comm
+        self.optimizer = make_optimizer(model.parameters())
+        # The communication thread gets a communicator of its own, so that its collectives
+        # can never be matched with collectives the main thread issues on ``comm``.
+        self.grad_comm = comm.Dup()
+        # Registration order is the same on every rank (the same code builds the model), so
+        # bucket assignment is too; do not sort by name: it would break the reverse order in
+        # which backward produces gradients.
+        self.reducer = BucketReducer(model.named_parameters(), self._reduce_bucket, bucket_mb,
+                                     overlap)
+        self.overlap = self.reducer.overlap
+        check_same_buckets(self.reducer.buckets, comm)
+
+    @property
+    def buckets(self):
+        """The gradient buckets."""
+        return self.reducer.buckets
+
+    def _reduce_bucket(self, flat, bucket):
+        faults.inject("train.reduce", self.grad_comm.Get_rank())
+        self._reduce(flat, bucket)
+
+    def broadcast_initial(self):
+        """Collective: every rank takes rank 0's weights and optimizer state."""
+        broadcast_model(self.model, self.comm)
+        broadcast_optimizer(self.optimizer, self.comm)
+
+    def close(self):
+        """Remove the hooks, stop the communication thread, free the communicator."""
+        self.reducer.close()
+        self.grad_comm.Free()
+
+    def abandon(self):
+        """After a failure: the thread may be stuck in a collective; do not wait for it."""
+        self.reducer.close(wait=False)
+
+
+class ServerRegime(_BucketRegime):
     """A synchronous parameter server on rank 0 (``--regime ps``).
 
     Every rank, rank 0 included, computes gradients on its share of the global batch; they
@@ -148,8 +227,7 @@ class ServerRegime(AllreduceRegime):
     root = 0
 
     def __init__(self, model, make_optimizer, comm, *, bucket_mb, overlap):
-        super().__init__(model, make_optimizer, comm, algo=None, bucket_mb=bucket_mb,
-                         overlap=overlap)
+        super().__init__(model, make_optimizer, comm, bucket_mb=bucket_mb, overlap=overlap)
         self.extra_seconds = 0.0
 
     def _reduce(self, flat, bucket):
@@ -184,17 +262,14 @@ class ServerRegime(AllreduceRegime):
 
 def _broadcast_bucket_weights(bucket, comm, root):
     # The bucket's gradient buffer is free after wait(): re-use it to send the weights.
-    with torch.no_grad():
-        if comm.Get_rank() == root:
-            for i, p in enumerate(bucket.params):
-                bucket.slot(i).copy_(p.reshape(-1))
-        comm.Bcast(bucket.flat.numpy(), root=root)
-        if comm.Get_rank() != root:
-            for i, p in enumerate(bucket.params):
-                p.copy_(bucket.slot(i).view_as(p))
+    if comm.Get_rank() == root:
+        bucket.buffer.pack(bucket.params)
+    comm.Bcast(bucket.flat.numpy(), root=root)
+    if comm.Get_rank() != root:
+        bucket.buffer.unpack(bucket.params)
 
 
-class ShardedServerRegime(AllreduceRegime):
+class ShardedServerRegime(_BucketRegime):
     """Every rank serves a shard of every bucket (``--regime ps-sharded``).
 
     Bucket b's flat vector is cut into ``size`` contiguous shards; rank r owns shard r: it
@@ -206,7 +281,7 @@ class ShardedServerRegime(AllreduceRegime):
 
     def __init__(self, model, make_optimizer, comm, *, bucket_mb, overlap):
         self._make_optimizer = make_optimizer
-        super().__init__(model, lambda params: None, comm, algo=None, bucket_mb=bucket_mb,
+        super().__init__(model, lambda params: None, comm, bucket_mb=bucket_mb,
                          overlap=overlap)
         rank, size = comm.Get_rank(), comm.Get_size()
         self.layout = []  # per bucket: (counts, displacements, my slice)
@@ -247,7 +322,7 @@ class ShardedServerRegime(AllreduceRegime):
 
     @staticmethod
     def _flat_weights(bucket):
-        return torch.cat([p.detach().reshape(-1).cpu() for p in bucket.params])
+        return bucket.buffer.pack(bucket.params).clone()
 
     def step(self, may_update=bool):
         """Collective: reduce-scatter, step the own shards, all-gather; seconds waited."""
@@ -264,9 +339,7 @@ class ShardedServerRegime(AllreduceRegime):
                                                       self.layout):
             self.comm.Allgatherv(shard.detach().numpy(),
                                  [bucket.flat.numpy(), counts, displs, MPI.FLOAT])
-            with torch.no_grad():
-                for i, p in enumerate(bucket.params):
-                    p.copy_(bucket.slot(i).view_as(p))
+            bucket.buffer.unpack(bucket.params)
         spent = time.perf_counter() - start
         self.extra_seconds += spent
         return waited + spent
@@ -288,52 +361,3 @@ class ShardedServerRegime(AllreduceRegime):
             raise ValueError("this checkpoint's optimizer state was not written by "
                              f"--regime ps-sharded on {self.comm.Get_size()} ranks")
         self._pending_state = state
-
-
-class HorovodRegime(Regime):
-    """Average gradients with ``hvd.DistributedOptimizer`` (``--allreduce horovod``).
-
-    Horovod registers its own hooks, fuses gradients into buffers of ``HOROVOD_FUSION_
-    THRESHOLD`` bytes (set from ``bucket_mb`` unless already set, and only effective at the
-    first ``hvd.init`` of the process) and overlaps their allreduces with backward on its
-    background thread. It does not expose their duration: ``comm_seconds`` is NaN.
-    """
-
-    def __init__(self, model, make_optimizer, comm, *, bucket_mb):
-        import horovod.torch as hvd
-
-        self.hvd, self.model, self.comm = hvd, model, comm
-        if not hvd.is_initialized():
-            os.environ.setdefault("HOROVOD_FUSION_THRESHOLD", str(int(bucket_mb * 2**20)))
-            hvd.init(comm=comm)
-        if (hvd.size(), hvd.rank()) != (comm.Get_size(), comm.Get_rank()):
-            raise RuntimeError(f"Horovod was initialised on another communicator "
-                               f"({hvd.size()} ranks) than this run's ({comm.Get_size()})")
-        # Horovod names every allreduce after its parameter; sorted names give every rank
-        # the same names in the same order.
-        self.optimizer = hvd.DistributedOptimizer(
-            make_optimizer(model.parameters()), named_parameters=sorted(model.named_parameters()),
-            op=hvd.Average)
-
-    def broadcast_initial(self):
-        """Collective: rank 0's parameters, buffers and (if any) optimizer state to all."""
-        self.hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
-        # A fresh optimizer has no state; Horovod would create it by a step with zero
-        # gradients, which changes Adam's step count and weights under weight decay.
-        # Every rank reaches the same decision: all of them loaded the same checkpoint.
-        if self.optimizer.state_dict()["state"]:
-            self.hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
-
-    def step(self, may_update=bool):
-        """Collective: wait for Horovod's allreduces, then step; return seconds waited."""
-        start = time.perf_counter()
-        self.optimizer.synchronize()
-        waited = time.perf_counter() - start
-        if not may_update():
-            # What step() would reset: otherwise Horovod takes the next step for one whose
-            # gradients it has already averaged.
-            self.optimizer._synchronized = False
-            return waited
-        with self.optimizer.skip_synchronize():
-            self.optimizer.step()
-        return waited

@@ -41,11 +41,12 @@ def test_bad_input_raises_usage_error_on_every_rank(comm, config, change, match)
 
 @pytest.mark.mpi(min_size=2)
 def test_ranks_with_different_models_fail_together(comm, config):
-    # Only the last rank builds another model: the bucket layout check catches it before
-    # any gradient collective could pair buffers of different sizes.
+    # Only the last rank builds another model: the initial broadcast's agreement check
+    # catches it before any collective could pair buffers of different sizes.
     hidden = 9 if comm.rank == comm.size - 1 else 8
     config = dataclasses.replace(config, hidden=hidden)
-    assert raises_everywhere(comm, config, RuntimeError, "cut other gradient buckets")
+    assert raises_everywhere(comm, config, RuntimeError,
+                             "ranks made the same collective with different arguments")
 
 
 def _bad_files(root):

@@ -1,0 +1,293 @@
+"""``DistributedOptimizer``: gradients averaged in buckets while backward runs.
+
+Parameters are cut into buckets of about ``bucket_mb`` MB in reverse registration order
+(:func:`hpctrain.torch.buckets.assign_buckets`), one flat buffer each, on the gradients'
+device. A hook (``register_post_accumulate_grad_hook``) counts the gradients autograd has
+finished; when a bucket's are all there, the communication thread copies them into the
+bucket's buffer (torch copies without the GIL, so the copy runs on another core while
+backward goes on, as Horovod's fusion-buffer copies run on its C++ thread) and reduces it.
+``synchronize()`` then makes every ``param.grad`` a view of its place in the buffer, as
+DDP's ``gradient_as_bucket_view``: the reduced gradient is there with no copy back, and
+with ``zero_grad(set_to_none=False)`` backward accumulates straight into the buffer, so the
+next copy is skipped. Over one rank (and no compression or predivision) nothing is
+reduced, and nothing is copied: an average over one rank is the gradient itself.
+
+A bucket whose gradients are all there is queued on the communication thread, in bucket
+order (never bucket i+1 before bucket i, whatever the hooks' timing, so every rank issues
+the same collectives in the same order), and reduced there while backward computes the
+earlier layers. ``synchronize()`` (called by ``step()``) queues what is left, with zeros for
+parameters that got no gradient, and waits.
+
+On CUDA, the hook records an event on the stream that produced the gradient; the
+communication thread waits for it before the reduction (``collectives.allreduce`` then
+moves device memory to a CUDA-aware MPI or stages it through pinned host memory itself),
+and the caller's stream waits for the reduction's event before the optimizer reads it.
+"""
+
+import threading
+import time
+import warnings
+import zlib
+from contextlib import contextmanager
+
+import torch
+
+from .basics import world
+from .buckets import FlatBuffer, assign_buckets
+from .compression import Compression
+from .ops import Average, Sum, agree, caller_event, reduce_flat, resolve_op, signature, \
+    unsupported, wait_event
+
+#: Default bucket size (MB), DDP's ``bucket_cap_mb``.
+BUCKET_MB = 25.0
+
+
+class Bucket:
+    """Parameters whose gradients are reduced together through one flat buffer."""
+
+    __slots__ = ("index", "names", "params", "buffer", "pending", "handle", "event")
+
+    def __init__(self, index, named):
+        self.index = index
+        self.names = [n for n, _ in named]
+        self.params = [p for _, p in named]
+        self.buffer = FlatBuffer(self.params)
+        self.pending, self.handle, self.event = len(self.params), None, None
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    """The methods mixed into the user's optimizer class by :func:`DistributedOptimizer`."""
+
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
+                 gradient_predivide_factor, bucket_mb, overlap):
+        super(self.__class__, self).__init__(params)
+        self._world = world()
+        self._compression = compression
+        self._op = op
+        self._predivide = float(gradient_predivide_factor)
+        self._passes = int(backward_passes_per_step)
+        self._overlap = overlap
+        self._should_synchronize = True
+        self._synchronized = False
+        self._checked = False
+        self._lock = threading.Lock()     # autograd may run hooks on its device threads
+        self.comm_seconds = 0.0
+        # Called on the communication thread before each bucket's reduction (fault tests).
+        self.before_reduce = None
+        named = _name_parameters(self.param_groups, named_parameters)
+        wanted = [(n, p) for n, p in named if p.requires_grad]
+        self._buckets = [Bucket(i, group) for i, group in
+                         enumerate(assign_buckets(wanted, int(bucket_mb * 2**20)))]
+        self._where = {p: (b, i) for b in self._buckets for i, p in enumerate(b.params)}
+        self._left = {p: self._passes for p in self._where}
+        self._next = 0
+        # Over one rank an average, sum, min or max changes nothing: no bucket is filled.
+        self._identity = (compression is Compression.none and self._predivide == 1.0)
+        self._skip = self._world.size == 1 and self._identity
+        self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready)
+                       for p in self._where]
+
+    # --- during backward ---------------------------------------------------------------------
+
+    def _grad_ready(self, param):
+        bucket, i = self._where[param]
+        with self._lock:
+            if self._left[param] == 0:
+                raise AssertionError(
+                    "Gradients were computed more than backward_passes_per_step times before "
+                    "call to step(). Increase backward_passes_per_step to accumulate "
+                    "gradients locally.")
+            self._left[param] -= 1
+            if self._left[param]:
+                return      # accumulate locally for another backward pass
+            bucket.pending -= 1
+            if bucket.pending == 0 and not self._skip:
+                bucket.event = caller_event(bucket.params[:1])
+                if self._overlap:
+                    self._queue_ready()
+
+    def _queue_ready(self):
+        # In bucket order only: a later bucket that filled first waits for the earlier ones.
+        while self._next < len(self._buckets) and self._buckets[self._next].pending == 0:
+            bucket = self._buckets[self._next]
+            engine = self._world.engine
+            reduce = self._reducer(bucket)
+            bucket.handle = (engine.run_here(reduce) if self._world.size == 1
+                             else engine.submit(reduce))
+            self._next += 1
+
+    def _reducer(self, bucket):
+        w, first = self._world, not self._checked
+        self._checked = True
+        mine = self._layout() if first else None
+
+        def run():
+            if first:
+                # Once: equal layouts make every rank's bucket collectives match.
+                agree(w, mine, f"DistributedOptimizer with {len(self._buckets)} buckets of "
+                               f"{[b.buffer.flat.numel() for b in self._buckets]} elements")
+            if self.before_reduce is not None:
+                self.before_reduce()
+            wait_event(bucket.event, bucket.params)
+            start = time.perf_counter()
+            # The copy into the bucket runs here, beside backward, not in the hook: torch
+            # copies without the GIL, so it takes the other core while autograd goes on.
+            bucket.buffer.pack([p.grad for p in bucket.params])
+            self._reduce(bucket.buffer.flat)
+            self.comm_seconds += time.perf_counter() - start
+            return caller_event(bucket.params[:1])
+
+        return run
+
+    def _layout(self):
+        sizes = [b.buffer.flat for b in self._buckets]
+        names = "\n".join(n for b in self._buckets for n in b.names)
+        return signature("DistributedOptimizer", names, sizes, self._op, self._passes,
+                         zlib.crc32(repr(self._predivide).encode()))
+
+    def _reduce(self, flat):
+        w = self._world
+        wire, ctx = self._compression.compress(flat)
+        if self._op == Average and self._predivide != 1.0:
+            reduce_flat(w, wire, Sum, 1.0 / self._predivide, self._predivide / w.size)
+        else:
+            reduce_flat(w, wire, self._op)
+        if wire is not flat:
+            flat.copy_(self._compression.decompress(wire, ctx))
+
+    # --- after backward ----------------------------------------------------------------------
+
+    def synchronize(self):
+        """Wait until every bucket is reduced; the averaged gradients are in ``param.grad``.
+
+        Synchronisation point: every bucket's collective. Parameters that got no gradient
+        in this step take part with zeros (and then hold the others' average).
+        """
+        if self._skip:
+            self._reset()           # one rank's average is its own gradient: nothing to do
+            self._synchronized = True
+            return
+        with self._lock:
+            for bucket in self._buckets:
+                if bucket.pending:
+                    # Parameters without a gradient take part with zeros (pack of None).
+                    bucket.pending = 0
+                    bucket.event = caller_event(bucket.params[:1])
+            self._queue_ready()
+        try:
+            for bucket in self._buckets:
+                event = bucket.handle.wait()
+                if event is not None:
+                    torch.cuda.current_stream(event.device).wait_event(event)
+                for p, slot in zip(bucket.params, bucket.buffer.slots):
+                    p.grad = slot   # the reduced gradient, in place: no copy back
+        finally:
+            self._reset()
+        self._synchronized = True
+
+    def _reset(self):
+        for bucket in self._buckets:
+            bucket.pending, bucket.handle = len(bucket.params), None
+        for p in self._left:
+            self._left[p] = self._passes
+        self._next = 0
+
+    @contextmanager
+    def skip_synchronize(self):
+        """Within this block ``step()`` does not synchronize (after an explicit one)."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure=None):
+        """Synchronize (unless inside ``skip_synchronize``), then the wrapped step."""
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn("optimizer.step() called without a loss.backward() after "
+                              "optimizer.synchronize(): use `with optimizer.skip_synchronize()`"
+                              " around step()")
+            self.synchronize()
+        self._synchronized = False
+        return super(self.__class__, self).step(closure)
+
+    def zero_grad(self, set_to_none=True):
+        """Clear gradients; an error between ``backward`` and ``step`` (a race otherwise)."""
+        if any(left != self._passes for left in self._left.values()):
+            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but "
+                                 "before optimizer.step() or optimizer.synchronize(). This is "
+                                 "prohibited as it can cause a race condition.")
+        return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
+
+    @property
+    def buckets(self):
+        """The gradient buckets, in the order they are reduced."""
+        return self._buckets
+
+    def close(self, wait=True):
+        """Remove the hooks (the optimizer then steps without reducing)."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+
+
+def _name_parameters(param_groups, named_parameters):
+    """``[(name, param)]`` in the optimizer's order; Horovod's checks on the names."""
+    params = [p for group in param_groups for p in group["params"]]
+    if named_parameters is None:
+        return [(f"allreduce.noname.{i}", p) for i, p in enumerate(params)]
+    named = list(named_parameters)
+    if any(not isinstance(item, tuple) or len(item) != 2 for item in named):
+        raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
+                         "usually produced by model.named_parameters().")
+    names = [n for n, _ in named]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"Parameter names in named_parameters must be unique. Found "
+                         f"duplicates: {', '.join(duplicates)}")
+    by_param = {p: n for n, p in named}
+    unnamed = [id(p) for p in params if p not in by_param]
+    if unnamed:
+        raise ValueError(f"named_parameters was specified, but one or more model parameters "
+                         f"were not named. Python object ids: {unnamed}")
+    return [(by_param[p], p) for p in params]
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
+                         backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
+                         num_groups=0, groups=None, sparse_as_dense=False, process_set=None,
+                         bucket_mb=BUCKET_MB, overlap=True):
+    """Wrap ``optimizer`` so that ``step()`` uses gradients averaged over all ranks.
+
+    The result is an instance of the optimizer's own class (``isinstance`` and
+    ``state_dict`` work as before) with ``synchronize()``, ``skip_synchronize()`` and
+    ``zero_grad()`` as in Horovod. ``bucket_mb`` (hpctrain's): the bucket size;
+    ``overlap=False`` reduces every bucket in ``synchronize()`` instead of during backward.
+    Every rank must build the same model (checked at the first step, on every rank).
+    """
+    w = world()
+    op = resolve_op(None, op)
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if process_set is not None:
+        raise unsupported("process sets", "pass a communicator made with Comm.Split to init")
+    if backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be >= 1, got "
+                         f"{backward_passes_per_step}")
+    if w.hvd is not None:
+        return w.hvd.DistributedOptimizer(
+            optimizer, named_parameters=named_parameters, compression=compression,
+            backward_passes_per_step=backward_passes_per_step, op=op,
+            gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
+            groups=groups, sparse_as_dense=sparse_as_dense)
+    del num_groups, groups, sparse_as_dense     # fusion is by bucket size here
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+               dict(_DistributedOptimizer.__dict__))
+    wrapped = cls(optimizer.param_groups, named_parameters, compression,
+                  backward_passes_per_step, op, gradient_predivide_factor, bucket_mb, overlap)
+    wrapped.state = optimizer.state       # keep any state the optimizer already has
+    return wrapped
+
+
+__all__ = ["DistributedOptimizer", "BUCKET_MB"]

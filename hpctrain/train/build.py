@@ -1,0 +1,103 @@
+"""Building a run from its configuration: checks, sampler, model, optimizer, regime, device.
+
+Everything here but :func:`make_regime` and :func:`device` is local (no communication), so
+that bad input raises ``UsageError`` on every rank alike before the first collective.
+"""
+
+import torch
+
+from ..devices import rank_device
+from ..errors import UsageError
+from ..models import build_model
+from ..sampler import DistributedSampler
+from .async_ps import AsyncServerRegime
+from .config import checkpoint_interval
+from .regimes import AllreduceRegime, ServerRegime, ShardedServerRegime
+
+
+def check_world(config, size):
+    """``UsageError`` (on every rank alike) for a world size or device the run cannot use."""
+    if config.regime == "async-ps":
+        if size < 2:
+            raise UsageError("--regime async-ps needs at least 2 ranks: rank 0 serves, the "
+                             "others train")
+        if checkpoint_interval(config.checkpoint_every)[1] == "step":
+            raise UsageError("--regime async-ps checkpoints at epoch ends only: use "
+                             "--checkpoint-every N (epochs)")
+        if config.check_consistency:
+            # Asynchronous workers hold different weights by design: a comparison would
+            # report a divergence at every check.
+            raise UsageError("--check-consistency compares replicas that train in lockstep; "
+                             "under --regime async-ps the workers' weights differ by design: "
+                             "use --check-consistency 0 or another regime")
+    if config.device == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda: this torch build sees no CUDA GPU")
+        if config.regime == "allreduce" and config.allreduce == "horovod":
+            import horovod.torch as horovod
+
+            if not horovod.cuda_built():
+                raise UsageError("--device cuda with --allreduce horovod needs Horovod built "
+                                 "with CUDA; choose another --allreduce")
+
+
+def make_sampler(config, num_rows, rank, size):
+    """This rank's ``DistributedSampler`` over ``num_rows`` training rows."""
+    if num_rows == 0:
+        raise UsageError(f"--val-fraction {config.val_fraction:g} leaves no training rows of "
+                         f"{config.data!r}: lower it, or use a larger data set")
+    if config.regime == "async-ps":
+        rank, size = max(rank - 1, 0), size - 1  # the server takes no batches
+    try:
+        return DistributedSampler(num_rows, config.batch_size, rank, size,
+                                  shuffle=config.shuffle, seed=config.seed,
+                                  drop_last=config.drop_last)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def make_model(config, dataset):
+    """The model ``config.model`` names, for ``dataset``'s samples and classes."""
+    try:
+        return build_model(config.model, dataset.sample_shape, dataset.num_classes,
+                           hidden=config.hidden, model_mb=config.model_mb, seed=config.seed)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def optimizer_factory(config):
+    """``params -> optimizer`` as the configuration says (SGD with momentum, or Adam)."""
+    if config.optimizer == "adam":
+        return lambda params: torch.optim.Adam(params, lr=config.lr,
+                                               weight_decay=config.weight_decay)
+    return lambda params: torch.optim.SGD(params, lr=config.lr, momentum=config.momentum,
+                                          weight_decay=config.weight_decay)
+
+
+def make_regime(config, model, comm, user_comm):
+    """The regime of ``config`` over ``comm`` (``user_comm``: the caller's, for init)."""
+    from mpi4py import MPI
+
+    make_optimizer = optimizer_factory(config)
+    # Overlap needs the communication thread to call MPI: SERIALIZED suffices, since the
+    # main thread makes no MPI call while buckets are being reduced.
+    overlap = config.overlap and MPI.Query_thread() >= MPI.THREAD_SERIALIZED
+    options = {"bucket_mb": config.bucket_mb, "overlap": overlap}
+    if config.regime == "async-ps":
+        return AsyncServerRegime(model, make_optimizer, comm)
+    if config.regime == "ps":
+        return ServerRegime(model, make_optimizer, comm, **options)
+    if config.regime == "ps-sharded":
+        return ShardedServerRegime(model, make_optimizer, comm, **options)
+    if config.allreduce == "auto":
+        from ..collectives import auto
+
+        auto.use(auto.load(config.allreduce_profile, comm))   # read by rank 0, broadcast
+    # hpctrain.torch (and Horovod) keep the communicator they are started with: give them
+    # the caller's, which outlives this run, not our duplicate, which close() frees.
+    return AllreduceRegime(model, make_optimizer, user_comm, algo=config.allreduce, **options)
+
+
+def device(config, comm):
+    """The rank's device (collective for cuda: the node-local rank picks the GPU)."""
+    return rank_device(config.device, comm)

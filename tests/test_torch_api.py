@@ -1,0 +1,55 @@
+"""hpctrain.torch without a started world: what is refused, and how."""
+
+import pytest
+import torch
+
+import hpctrain.torch as hvd
+from hpctrain.torch.buckets import FlatBuffer, assign_buckets
+from hpctrain.torch.compression import Compression
+
+
+@pytest.mark.parametrize("call", [
+    lambda: hvd.rank(), lambda: hvd.size(), lambda: hvd.allreduce(torch.ones(2)),
+    lambda: hvd.broadcast_parameters({}, 0), lambda: hvd.barrier(),
+    lambda: hvd.DistributedOptimizer(torch.optim.SGD([torch.zeros(1, requires_grad=True)],
+                                                     lr=1)),
+])
+def test_everything_before_init_says_to_call_init(call):
+    assert not hvd.is_initialized()
+    with pytest.raises(ValueError, match=r"not been initialized; use hvd.init\(\)"):
+        call()
+
+
+def test_an_unknown_algorithm_in_the_environment_names_the_valid_ones(monkeypatch):
+    monkeypatch.setenv("HPCTRAIN_ALLREDUCE", "rign")
+    with pytest.raises(ValueError, match=r"HPCTRAIN_ALLREDUCE='rign'.*choose one of: .*ring"):
+        hvd.init()
+    assert not hvd.is_initialized()
+
+
+def test_flat_buffer_slots_are_views_shaped_like_the_tensors():
+    tensors = [torch.arange(6.).view(2, 3), torch.ones(4), torch.zeros(1, 1)]
+    packed = FlatBuffer(tensors)
+    packed.pack(tensors)
+    assert packed.flat.tolist() == list(range(6)) + [1.0] * 4 + [0.0]
+    packed.slot(0).add_(1)
+    out = [torch.empty_like(t) for t in tensors]
+    packed.unpack(out)
+    assert torch.equal(out[0], tensors[0] + 1) and packed.slot(0).data_ptr() == \
+        packed.flat.data_ptr()
+
+
+def test_buckets_go_in_reverse_order_and_split_on_dtype():
+    a, b, c = (torch.zeros(3, requires_grad=True), torch.zeros(3, requires_grad=True),
+               torch.zeros(3, dtype=torch.float64, requires_grad=True))
+    buckets = assign_buckets([("a", a), ("b", b), ("c", c)], 10**6)
+    assert [[n for n, _ in group] for group in buckets] == [["c"], ["b", "a"]]
+
+
+@pytest.mark.parametrize("compression, wire", [(Compression.fp16, torch.float16),
+                                               (Compression.bf16, torch.bfloat16)])
+def test_compression_casts_floats_only_and_back(compression, wire):
+    sent, ctx = compression.compress(torch.ones(3))
+    assert sent.dtype == wire and compression.decompress(sent, ctx).dtype == torch.float32
+    ints, ctx = compression.compress(torch.ones(3, dtype=torch.int64))
+    assert ints.dtype == torch.int64 and compression.decompress(ints, ctx) is ints
