@@ -8,6 +8,7 @@ import torch
 
 from ..devices import rank_device
 from ..errors import UsageError
+from ..gpu_checks import check_cuda_visible, check_horovod_cuda
 from ..models import build_model
 from ..sampler import DistributedSampler
 from .async_ps import AsyncServerRegime
@@ -31,14 +32,7 @@ def check_world(config, size):
                              "under --regime async-ps the workers' weights differ by design: "
                              "use --check-consistency 0 or another regime")
     if config.device == "cuda":
-        if not torch.cuda.is_available():
-            raise UsageError("--device cuda: this torch build sees no CUDA GPU")
-        if config.regime == "allreduce" and config.allreduce == "horovod":
-            import horovod.torch as horovod
-
-            if not horovod.cuda_built():
-                raise UsageError("--device cuda with --allreduce horovod needs Horovod built "
-                                 "with CUDA; choose another --allreduce")
+        check_cuda_visible("--device cuda")
 
 
 def make_sampler(config, num_rows, rank, size):
@@ -93,6 +87,11 @@ def make_regime(config, model, comm, user_comm):
         from ..collectives import auto
 
         auto.use(auto.load(config.allreduce_profile, comm))   # read by rank 0, broadcast
+    if config.device == "cuda" and config.allreduce == "horovod":
+        # Before hvd.init, after each rank chose its GPU (device()): Horovod built without
+        # CUDA, or NCCL with two ranks on one GPU, would otherwise fail in C++ with a
+        # traceback. Collective: every rank of this configuration reaches it.
+        check_horovod_cuda(comm, "--allreduce horovod with --device cuda")
     # hpctrain.torch (and Horovod) keep the communicator they are started with: give them
     # the caller's, which outlives this run, not our duplicate, which close() frees.
     return AllreduceRegime(model, make_optimizer, user_comm, algo=config.allreduce, **options)
