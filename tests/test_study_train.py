@@ -56,7 +56,7 @@ def test_unknown_algorithm_names_the_valid_ones():
 
 
 def test_gloo_is_pointed_at_the_interface_that_routes_to_the_store():
-    from hpctrain.study.ddp import _interface_reaching, interface_addresses
+    from hpctrain.torch.ddp import _interface_reaching, interface_addresses
 
     loopback = [name for name, address in interface_addresses().items()
                 if address == "127.0.0.1"]

@@ -11,7 +11,7 @@ same initial weights), the seeded train/validation split, ``hpctrain.sampler``'s
 and the warm-up/decay schedule. Gradients are averaged by DDP over gloo instead of by an
 hpctrain regime; ``--bucket-mb`` becomes DDP's ``bucket_cap_mb`` (its first bucket too).
 Rank and world size come from MPI; gloo meets at a TCP store on rank 0 (see
-:func:`rendezvous`).
+:func:`hpctrain.torch.ddp.rendezvous`).
 
 ``metrics.csv`` has train's columns, and ``samples_per_s`` the same definition: every rank's
 training samples (padding included) over the slowest rank's time for the epoch's training
@@ -32,11 +32,7 @@ consistency settings) are accepted and ignored; ``--regime`` other than ``allred
 """
 
 import datetime
-import fcntl
 import math
-import os
-import socket
-import struct
 import sys
 import time
 
@@ -50,11 +46,9 @@ from ..errors import UsageError
 from ..runtime import run_guarded
 from ..train import report
 from ..train.config import load_config, parse_overrides
-from ..train.loop import make_model, make_sampler, optimizer_factory
+from ..train.build import make_model, make_sampler, optimizer_factory
+from ..torch.ddp import rendezvous
 from ..train.schedule import WarmupSchedule, target_lr
-
-SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's IPv4 address
-
 
 def main(argv=None):
     """``python -m hpctrain.study.ddp [--key=value ...]`` on every rank."""
@@ -169,73 +163,6 @@ def _epoch_row(comm, epoch, step, steps, schedule, sums, wall):
             "epoch_s": wall, "data_s": data_s / size, "compute_s": compute_s / size,
             "exposed_comm_s": nan, "comm_s": nan, "staleness_mean": nan,
             "staleness_max": nan}
-
-
-def rendezvous(comm, timeout):
-    """Collective over ``comm``: a ``TCPStore`` served by rank 0 and joined by every rank.
-
-    Synchronisation points: an allgather of host names, then a broadcast of the store's
-    address and port from rank 0. Ranks that all share one host meet on 127.0.0.1; otherwise
-    at rank 0's address (of ``GLOO_SOCKET_IFNAME`` if set, else its first non-loopback
-    interface). Each rank then points gloo at its own interface that routes to that address
-    (``GLOO_SOCKET_IFNAME``, unless the user set it): gloo would otherwise bind to whatever
-    the host name resolves to, often loopback, which other hosts cannot reach.
-    """
-    rank = comm.Get_rank()
-    hosts = comm.allgather(socket.gethostname())
-    store, where = None, None
-    if rank == 0:
-        address = "127.0.0.1" if len(set(hosts)) == 1 else _own_address()
-        # Port 0: the system picks a free port; the workers learn it from the broadcast.
-        store = dist.TCPStore(address, 0, comm.Get_size(), True, timeout,
-                              wait_for_workers=False)
-        where = (address, store.port)
-    address, port = comm.bcast(where, root=0)
-    if rank != 0:
-        store = dist.TCPStore(address, port, comm.Get_size(), False, timeout)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", _interface_reaching(address))
-    return store
-
-
-def _own_address():
-    chosen = os.environ.get("GLOO_SOCKET_IFNAME")
-    addresses = interface_addresses()
-    if chosen:
-        if chosen not in addresses:
-            raise UsageError(f"GLOO_SOCKET_IFNAME={chosen} has no IPv4 address here; "
-                             f"interfaces: {addresses}")
-        return addresses[chosen]
-    public = [a for a in addresses.values() if not a.startswith("127.")]
-    if not public:
-        raise UsageError(f"no non-loopback IPv4 interface to meet the other hosts on: "
-                         f"{addresses}")
-    return public[0]
-
-
-def _interface_reaching(address):
-    # Connecting a UDP socket sends nothing: it only asks the kernel which source address
-    # (and so which interface) it would route packets to ``address`` from.
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect((address, 9))
-        source = probe.getsockname()[0]
-    names = [name for name, mine in interface_addresses().items() if mine == source]
-    if not names:
-        raise UsageError(f"no interface holds {source}, the address that routes to {address}")
-    return names[0]
-
-
-def interface_addresses():
-    """``{interface name: IPv4 address}`` of this host's interfaces that have one (Linux)."""
-    found = {}
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        for _, name in socket.if_nameindex():
-            request = struct.pack("256s", name.encode()[:15])
-            try:
-                reply = fcntl.ioctl(sock.fileno(), SIOCGIFADDR, request)
-            except OSError:     # no IPv4 address on this interface
-                continue
-            found[name] = socket.inet_ntoa(reply[20:24])
-    return found
 
 
 def _check_supported(config):

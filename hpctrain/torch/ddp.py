@@ -13,20 +13,25 @@ is used only for what DDP does besides gradients: the initial broadcast of the w
 """
 
 import datetime
+import fcntl
+import os
 import socket
+import struct
 
 import torch
 
 from .basics import world
+from ..errors import UsageError
 from .ops import Average, reduce_flat, resolve_op
+
+SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's IPv4 address
 
 
 def init_process_group(backend="gloo", timeout_s=300):
     """Set up ``torch.distributed``'s default process group over the ranks of ``init``.
 
-    Synchronisation point: an allgather of host names and a broadcast of rank 0's store
-    address. Rank 0 serves a ``TCPStore`` on a port the system picks (on 127.0.0.1 when
-    every rank runs on its host, else on the address its host name resolves to), so no
+    Synchronisation point: :func:`rendezvous` over the communicator of ``init`` (an
+    allgather of host names, a broadcast of rank 0's store address), so no
     ``MASTER_ADDR``/``MASTER_PORT`` is needed.
     """
     import torch.distributed as dist
@@ -35,18 +40,81 @@ def init_process_group(backend="gloo", timeout_s=300):
 
     w = world()
     timeout = datetime.timedelta(seconds=timeout_s)
-    hosts = run_on_thread(w, lambda: w.comm.allgather(socket.gethostname()), "hosts")
-    store, where = None, None
-    if w.rank == 0:
-        address = ("127.0.0.1" if len(set(hosts)) == 1
-                   else socket.gethostbyname(socket.gethostname()))
-        store = dist.TCPStore(address, 0, w.size, True, timeout, wait_for_workers=False)
-        where = (address, store.port)
-    address, port = run_on_thread(w, lambda: w.comm.bcast(where, root=0), "store address")
-    if w.rank != 0:
-        store = dist.TCPStore(address, port, w.size, False, timeout)
+    store = rendezvous(w.comm, timeout, lambda call, what: run_on_thread(w, call, what))
     dist.init_process_group(backend, store=store, rank=w.rank, world_size=w.size,
                             timeout=timeout)
+
+
+def rendezvous(comm, timeout, collective=None):
+    """Collective over ``comm``: a ``TCPStore`` served by rank 0 and joined by every rank.
+
+    Synchronisation points: an allgather of host names, then a broadcast of the store's
+    address and port from rank 0. Ranks that all share one host meet on 127.0.0.1; otherwise
+    at rank 0's address (of ``GLOO_SOCKET_IFNAME`` if set, else its first non-loopback
+    interface). Each rank then points gloo at its own interface that routes to that address
+    (``GLOO_SOCKET_IFNAME``, unless the user set it): gloo would otherwise bind to whatever
+    the host name resolves to, often loopback, which other hosts cannot reach.
+    ``collective(call, what)`` runs each MPI call (default: here, at once); the library runs
+    them on its communication thread, the only one that may use ``comm``.
+    """
+    import torch.distributed as dist
+
+    collective = collective or (lambda call, what: call())
+    rank = comm.Get_rank()
+    hosts = collective(lambda: comm.allgather(socket.gethostname()), "hosts")
+    store, where = None, None
+    if rank == 0:
+        address = "127.0.0.1" if len(set(hosts)) == 1 else _own_address()
+        # Port 0: the system picks a free port; the workers learn it from the broadcast.
+        store = dist.TCPStore(address, 0, comm.Get_size(), True, timeout,
+                              wait_for_workers=False)
+        where = (address, store.port)
+    address, port = collective(lambda: comm.bcast(where, root=0), "store address")
+    if rank != 0:
+        store = dist.TCPStore(address, port, comm.Get_size(), False, timeout)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", _interface_reaching(address))
+    return store
+
+
+def _own_address():
+    chosen = os.environ.get("GLOO_SOCKET_IFNAME")
+    addresses = interface_addresses()
+    if chosen:
+        if chosen not in addresses:
+            raise UsageError(f"GLOO_SOCKET_IFNAME={chosen} has no IPv4 address here; "
+                             f"interfaces: {addresses}")
+        return addresses[chosen]
+    public = [a for a in addresses.values() if not a.startswith("127.")]
+    if not public:
+        raise UsageError(f"no non-loopback IPv4 interface to meet the other hosts on: "
+                         f"{addresses}")
+    return public[0]
+
+
+def _interface_reaching(address):
+    # Connecting a UDP socket sends nothing: it only asks the kernel which source address
+    # (and so which interface) it would route packets to ``address`` from.
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((address, 9))
+        source = probe.getsockname()[0]
+    names = [name for name, mine in interface_addresses().items() if mine == source]
+    if not names:
+        raise UsageError(f"no interface holds {source}, the address that routes to {address}")
+    return names[0]
+
+
+def interface_addresses():
+    """``{interface name: IPv4 address}`` of this host's interfaces that have one (Linux)."""
+    found = {}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for _, name in socket.if_nameindex():
+            request = struct.pack("256s", name.encode()[:15])
+            try:
+                reply = fcntl.ioctl(sock.fileno(), SIOCGIFADDR, request)
+            except OSError:     # no IPv4 address on this interface
+                continue
+            found[name] = socket.inet_ntoa(reply[20:24])
+    return found
 
 
 def comm_hook(op=Average):

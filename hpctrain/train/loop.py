@@ -43,7 +43,6 @@ from ..errors import UsageError
 from ..sampler import shard_indices
 from ..watchdog import StallWatchdog
 from . import build, checkpoint, header, replicas, report, resume
-from .build import make_model, make_sampler, optimizer_factory  # noqa: F401 - used by study.ddp
 from .config import checkpoint_interval
 from .nonfinite import NonFiniteError, describe, verdict
 from .schedule import WarmupSchedule, target_lr
