@@ -37,7 +37,7 @@ def main():
     gen = torch.Generator().manual_seed(1 + hvd.rank())    # each rank its own data
     teacher = torch.Generator().manual_seed(99)
     w = torch.randn(20, 4, generator=teacher)
-    for step in range(args.steps):
+    for _ in range(args.steps):
         x = torch.randn(16, 20, generator=gen)
         y = (x @ w).argmax(1)
         optimizer.zero_grad()

@@ -25,7 +25,8 @@ DONE = np.iinfo(np.int64).max  # the sequence number that says "this rank has fi
 
 
 class StallWatchdog:
-    """Call ``arrive(name)`` on every rank before each watched collective; ``close()`` at the end."""
+    """Call ``arrive(name)`` on every rank before each watched collective; ``close()`` at
+    the end."""
 
     def __init__(self, comm, warning=60.0, timeout=None, log=None):
         from mpi4py import MPI

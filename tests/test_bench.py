@@ -71,11 +71,13 @@ def test_bench_allreduce_table_files_and_footer(mpirun, hpctrain_cmd, tmp_path):
         assert re.search(rf"^#\s+{re.escape(algo)}\s+[\d.]+$", out, re.M)
     # The Sendrecv reference at the smallest size: ceil(lg 3) = 2 of them, and every
     # algorithm's 8-byte time as a multiple of that.
-    reference = re.search(r"^# Small messages \(8 B\): .* takes ([\d.]+) us \(median call, same timing loop\); ceil\(lg p\) "
-                          r"= 2 of them: ([\d.]+) us$", out, re.M)
+    reference = re.search(r"^# Small messages \(8 B\): .* takes ([\d.]+) us \(median call, "
+                          r"same timing loop\); ceil\(lg p\) = 2 of them: ([\d.]+) us$",
+                          out, re.M)
     assert reference and float(reference.group(2)) == pytest.approx(
         2 * float(reference.group(1)), abs=0.02), out
-    ratios = dict(re.findall(r"(\S+) ([\d.]+)x", out.split("median time / (ceil(lg p) x Sendrecv):")[1]))
+    footer = out.split("median time / (ceil(lg p) x Sendrecv):")[1]
+    ratios = dict(re.findall(r"(\S+) ([\d.]+)x", footer))
     assert set(ratios) == set(algos) and all(float(v) > 0 for v in ratios.values()), out
     document = json.loads(out_json.read_text())
     assert len(document["rows"]) == len(rows) and document["wrong"] == 0

@@ -11,7 +11,8 @@ comparable across rank counts and against a link's bandwidth. The JSON and HDF5 
 hold ``time_median_us``, the slowest rank's median call, which studies fit models to.
 The timed loop runs on zeros (stable values, no denormals) with the collectives'
 argument-agreement check off, so the times are the algorithms' own; the correctness pass
-(``-c 1``) runs with the check on, on small integers whose sum is exact in every dtype and in any order, and counts wrong elements.
+(``-c 1``) runs with the check on, on small integers whose sum is exact in every dtype and
+in any order, and counts wrong elements.
 """
 
 import sys

@@ -207,7 +207,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if self._synchronized:
                 warnings.warn("optimizer.step() called without a loss.backward() after "
                               "optimizer.synchronize(): use `with optimizer.skip_synchronize()`"
-                              " around step()")
+                              " around step()", stacklevel=2)
             self.synchronize()
         self._synchronized = False
         return super(self.__class__, self).step(closure)

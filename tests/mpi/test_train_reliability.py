@@ -82,8 +82,9 @@ def test_a_non_finite_loss_stops_every_rank(comm, config, fault, regime, algo):
 @pytest.mark.mpi(min_size=2)
 def test_check_consistency_names_the_diverged_rank(comm, config, fault):
     fault("train.perturb@{last}#5:perturb")
-    with pytest.raises(RuntimeError, match=rf"model replicas differ at step 6 "
-                                           rf"\(--check-consistency 3\): ranks \[{comm.size - 1}\]"):
+    expected = (rf"model replicas differ at step 6 \(--check-consistency 3\): "
+                rf"ranks \[{comm.size - 1}\]")
+    with pytest.raises(RuntimeError, match=expected):
         train(dataclasses.replace(config, check_consistency=3), comm)
     assert comm.allreduce(True, op=MPI.LAND)
 
