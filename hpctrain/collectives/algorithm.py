@@ -102,6 +102,8 @@ class Algorithm:
     fitted = True
     #: True for an algorithm ``auto`` may choose from the model where nothing was measured.
     chosen_by_model = False
+    #: False for an algorithm ``auto`` never chooses, even where it was measured fastest.
+    chosen_by_auto = True
 
     def parameters(self, size, options):
         """The validated option values as a tuple of ints, in the order of ``options``."""

@@ -29,8 +29,9 @@ from . import cost
 from .algorithm import ALGORITHMS
 from ..errors import UsageError
 
-#: Never chosen: Horovod runs through its own thread and path, not through ``allreduce``.
-NOT_CHOSEN = ("horovod",)
+def never_chosen():
+    """The algorithms ``auto`` never chooses, even where measured fastest (from the registry)."""
+    return tuple(name for name, algorithm in ALGORITHMS.items() if not algorithm.chosen_by_auto)
 
 
 def model_choices():
@@ -86,8 +87,9 @@ def measured_best(rows):
     """``{p: [[size, algo], ...]}``: the fastest algorithm (median call) per (ranks, size)
     in a study's rows (bench rows plus ``np``)."""
     winners = {}
+    skipped = (*never_chosen(), "auto")
     for row in rows:
-        if row["algo"] in (*NOT_CHOSEN, "auto") or row["size"] <= 0 \
+        if row["algo"] in skipped or row["size"] <= 0 \
                 or row.get("wrong", 0) > 0:
             continue
         key = (row["np"], row["size"])

@@ -66,6 +66,8 @@ class HorovodAllreduce(Algorithm):
     """``hvd.allreduce`` on a torch view of the buffer; the result is copied back."""
 
     name = "horovod"
+    # Horovod runs through its own thread and path, not through ``allreduce``'s.
+    chosen_by_auto = False
 
     def averages(self, dtype):
         return not dtype.integer

@@ -320,7 +320,8 @@ def auto_points(rows, repeat):
                 table.setdefault((r["np"], r["size"]), {})[r["algo"]] = r["time_median_us"]
     points = []
     for key, first in sorted(tables[0].items()):
-        fixed = [a for a in first if a != "auto" and a not in auto.NOT_CHOSEN]
+        never = auto.never_chosen()
+        fixed = [a for a in first if a != "auto" and a not in never]
         if "auto" not in first or not fixed:
             continue
         second = tables[1].get(key, {})
