@@ -9,7 +9,9 @@ backward goes on, as Horovod's fusion-buffer copies run on its C++ thread) and r
 ``synchronize()`` then makes every ``param.grad`` a view of its place in the buffer, as
 DDP's ``gradient_as_bucket_view``: the reduced gradient is there with no copy back, and
 with ``zero_grad(set_to_none=False)`` backward accumulates straight into the buffer, so the
-next copy is skipped. Over one rank (and no compression or predivision) nothing is
+next copy is skipped. That trades the copy for a zeroing and an in-place accumulation, which
+measured slower on the CPU (docs/training.md): ``hpctrain train`` keeps ``set_to_none=True``.
+Over one rank (and no compression or predivision) nothing is
 reduced, and nothing is copied: an average over one rank is the gradient itself.
 
 A bucket whose gradients are all there is queued on the communication thread, in bucket
