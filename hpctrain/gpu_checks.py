@@ -3,15 +3,17 @@ fix, instead of a segmentation fault or a traceback from deep inside Horovod or 
 
 Each check comes in two parts: a pure function of plain facts (``*_problem``: the message,
 or ``None`` when all is well), tested without a GPU, and a ``check_*`` function that gathers
-the facts from torch, Horovod and MPI and raises :class:`~hpctrain.errors.UsageError`.
-Under ``python -m hpctrain`` a ``UsageError`` on any rank ends the whole job with status 2,
-so no rank is left waiting for one that stopped here.
+the facts from torch, Horovod and MPI and raises :class:`~hpctrain.errors.UsageError`
+(local checks, which the caller runs inside :func:`hpctrain.runtime.checks`) or, after a
+collective that told every rank, the same :class:`~hpctrain.errors.Verdict` on every rank.
+Under ``python -m hpctrain`` either ends the whole job with status 2, so no rank is left
+waiting for one that stopped here.
 """
 
 import os
 
 from .devices import ranks_on_node
-from .errors import UsageError
+from .errors import UsageError, Verdict
 
 #: The first NCCL release said to accept two ranks on one GPU; older ones refuse it at
 #: ``ncclCommInitRank`` ("invalid usage"), as NCCL 2.28 does.
@@ -121,11 +123,11 @@ def horovod_cuda_reason(comm, option="--allreduce horovod with --device cuda"):
 
 
 def check_horovod_cuda(comm, option="--allreduce horovod with --device cuda"):
-    """Raise a ``UsageError`` on every rank if :func:`horovod_cuda_reason` finds a reason.
-    Synchronisation point, as that function."""
+    """Raise the same ``Verdict`` on every rank if :func:`horovod_cuda_reason` finds a
+    reason. Synchronisation point, as that function."""
     reason = horovod_cuda_reason(comm, option)
     if reason:
-        raise UsageError(reason)
+        raise Verdict.everywhere(reason, comm)
 
 
 def _horovod_problem(comm, on_node, option):

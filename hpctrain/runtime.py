@@ -1,17 +1,26 @@
-"""Process-level runtime: which rank we are, and ending the whole job when one rank fails.
+"""Process-level runtime: which rank we are, one verdict on bad input, and ending the whole
+job when one rank fails.
 
 An MPI job in which one rank dies while the others wait in a collective hangs until its
-allocation runs out. ``run_guarded`` prevents that the way ``python -m mpi4py`` does: an
-unhandled exception on any rank prints that rank's traceback and calls ``MPI_Abort`` on
-``COMM_WORLD``, which makes the launcher (mpirun or srun) kill every rank within seconds.
+allocation runs out. ``run_guarded`` (and, in a user's script, the hook :func:`guard`
+installs) prevents that the way ``python -m mpi4py`` does: an unhandled exception on any
+rank prints that rank's traceback and calls ``MPI_Abort`` on ``COMM_WORLD``, which makes the
+launcher (mpirun or srun) kill every rank within seconds.
+
+Bad input is different: it is found before work starts, and it is not one rank's failure.
+:func:`checks` runs a block of local checks on every rank and ends it with one collective,
+:func:`agree`, after which every rank holds the same :class:`~hpctrain.errors.Verdict`.
+Rank 0 prints each problem once and every rank exits with status 2 through
+``MPI_Finalize``: the same output every run, whichever rank got there first.
 """
 
+import contextlib
 import os
 import socket
 import sys
 import traceback
 
-from .errors import UsageError
+from .errors import UsageError, Verdict
 
 #: Environment variables in which launchers publish the rank, in the order we trust them.
 RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
@@ -32,36 +41,127 @@ def mpi_initialized():
     return mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized()
 
 
-def run_guarded(func, *args, **kwargs):
-    """Call ``func``; if it fails on this rank, report it and end the whole job.
+def agree(comm, problem=None):
+    """Collective: tell every rank of ``comm`` every rank's ``problem`` (a ``UsageError`` or
+    None); if any rank has one, raise the same :class:`Verdict` on every rank.
 
-    - ``UsageError``: its message alone (no traceback), exit status 2.
+    Synchronisation point: one ``allgather`` of a short message (or None) per rank.
+    """
+    found = comm.allgather(None if problem is None else str(problem))
+    problems = {}  # message -> the ranks that found it, in rank order
+    for rank, message in enumerate(found):
+        if message is not None:
+            problems.setdefault(message, []).append(rank)
+    if problems:
+        raise Verdict(problems.items(), comm.Get_size(), comm.Get_rank())
+
+
+@contextlib.contextmanager
+def checks(comm):
+    """Run a block of checks on every rank of ``comm``, then :func:`agree` on their outcome.
+
+    The block must make no collective call: a rank whose check raises ``UsageError`` leaves
+    it early, and the ranks meet in the one ``allgather`` at its end. Any other exception is
+    a real failure and goes on (under the guard it ends the job).
+    """
+    try:
+        yield
+    except Verdict:
+        raise
+    except UsageError as exc:
+        agree(comm, exc)
+        raise  # not reached: agree raised the Verdict that includes exc
+    agree(comm)
+
+
+def run_guarded(func, *args, **kwargs):
+    """Call ``func``; if it fails on this rank, report it and end the whole job (see
+    :func:`end_job`). A ``SystemExit`` with status 0 or None goes on as it is."""
+    try:
+        return func(*args, **kwargs)
+    except SystemExit as exc:
+        if exc.code is None or exc.code == 0:
+            raise
+        end_job(exc)
+    except BaseException as exc:  # noqa: B036 - every failure must end the job
+        end_job(exc)
+
+
+def end_job(exc):
+    """Report ``exc``, this rank's failure, and end the job; does not return.
+
+    - ``Verdict`` (bad input that every rank knows of): rank 0 prints each problem once,
+      every rank exits with status 2 through ``MPI_Finalize``.
+    - ``UsageError`` found by this rank alone: its message (no traceback), exit status 2.
     - ``SystemExit`` with a non-zero status: that status.
     - any other exception, ``KeyboardInterrupt`` included: the traceback, exit status 1
       (130 for an interrupt).
 
-    While MPI is initialised and the world has more than one rank, the exit goes through
-    ``MPI_Abort`` so that no other rank is left waiting in a collective for this one.
+    Except for a ``Verdict``, while MPI is initialised and the world has more than one rank
+    the exit goes through ``MPI_Abort``, so that no other rank is left waiting in a
+    collective for this one.
     """
-    try:
-        return func(*args, **kwargs)
-    except SystemExit as exc:
+    if isinstance(exc, Verdict):
+        _report_verdict(exc)
+        sys.exit(exc.exit_code)
+    if isinstance(exc, SystemExit):
         code = exc.code
-        if code is None or code == 0:
-            raise
         if not isinstance(code, int):
             _report(f"{code}\n")
             code = 1
-        _exit_job(code)
-    except UsageError as exc:
+    elif isinstance(exc, UsageError):
         _report(f"error: {exc}\n")
-        _exit_job(exc.exit_code)
-    except KeyboardInterrupt:
+        code = exc.exit_code
+    elif isinstance(exc, KeyboardInterrupt):
         _report("interrupted\n")
-        _exit_job(130)
-    except BaseException:  # noqa: B036 - every failure must end the job, not only Exceptions
-        _report(traceback.format_exc())
-        _exit_job(1)
+        code = 130
+    else:
+        _report("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+        code = 1
+    _exit_job(code)
+
+
+#: Set to ``0`` to keep :func:`guard` from replacing ``sys.excepthook``.
+GUARD_VARIABLE = "HPCTRAIN_ABORT_ON_ERROR"
+
+
+def guard():
+    """Make an uncaught exception in this process end the whole job, as under ``python -m
+    hpctrain``: ``hpctrain.torch.init()`` calls it for users' own scripts.
+
+    The exception's traceback is printed with this rank's name, then ``MPI_Abort`` ends
+    every rank; without it the other ranks would wait in their next collective until the
+    launcher is killed. ``HPCTRAIN_ABORT_ON_ERROR=0`` leaves ``sys.excepthook`` alone.
+    Returns whether the hook is installed.
+    """
+    if os.environ.get(GUARD_VARIABLE, "1").strip() == "0":
+        return False
+    if sys.excepthook is not _ending_hook:
+        _ending_hook.previous = sys.excepthook
+        sys.excepthook = _ending_hook
+    return True
+
+
+def _ending_hook(kind, exc, tb):
+    alone = not mpi_initialized() or sys.modules["mpi4py.MPI"].COMM_WORLD.Get_size() == 1
+    if alone:
+        _ending_hook.previous(kind, exc, tb)
+    elif isinstance(exc, Verdict):
+        # Every rank raised it and ends normally (status 1, the interpreter's): rank 0 says
+        # it once. A SystemExit raised in a hook would not set the status.
+        _report_verdict(exc)
+    else:
+        end_job(exc)
+
+
+_ending_hook.previous = sys.__excepthook__
+
+
+def _report_verdict(verdict):
+    if verdict.rank == 0:
+        sys.stdout.flush()
+        sys.stderr.write("".join(f"error: {line}\n" for line in verdict.lines()))
+        sys.stderr.flush()
 
 
 def _where():

@@ -11,6 +11,7 @@ Two kinds of tests live here:
   terminal (scripts/rank0-output).
 """
 
+import os
 import re
 import sys
 import time
@@ -65,6 +66,7 @@ def run_bounded(argv, *, timeout, env=None):
     """Run ``argv`` (a launcher: mpirun, scripts/vcluster mpirun, ...) from the project root,
     stdout and stderr together, and return its ``Launch``. If it outlives ``timeout`` it is
     killed with everything it started and ``MpirunHung`` is raised with its output."""
+    note_launch()
     start = time.monotonic()
     try:
         done = launching.run_bounded(argv, timeout, env=env, cwd=REPO)
@@ -72,6 +74,19 @@ def run_bounded(argv, *, timeout, env=None):
         raise MpirunHung(f"launch hung: {hung} and was killed. Its output:\n"
                          f"{hung.output[-4000:]}") from None
     return Launch(done.args, done.returncode, done.stdout, time.monotonic() - start, time.time())
+
+
+#: A file to which every test that starts a launch appends its id (scripts/flake-gate).
+LAUNCH_LOG = "HPCTRAIN_LAUNCH_LOG"
+
+
+def note_launch():
+    """Record the running test in ``$HPCTRAIN_LAUNCH_LOG``, when set: scripts/flake-gate
+    repeats exactly the tests that launch jobs, which are the ones timing can break."""
+    log, test = os.environ.get(LAUNCH_LOG), os.environ.get("PYTEST_CURRENT_TEST")
+    if log and test:
+        with open(log, "a") as f:
+            f.write(test.rsplit(" (", 1)[0] + "\n")
 
 
 def seconds_after_fault(run):

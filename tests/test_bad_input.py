@@ -1,7 +1,9 @@
-"""Bad input to ``hpctrain train`` at np = 2: a message naming the problem and what is valid,
-exit status 2 within 10 s, no hang, and nothing written to the run directory; bad
-``allreduce`` calls (different lengths on different ranks, a non-contiguous tensor) in a
-small program under the same harness.
+"""Bad input to ``hpctrain train``: one verdict. Every rank checks, one collective tells
+every rank what any rank found, rank 0 prints each problem once (naming the ranks it
+concerns when not all), and every rank exits with status 2 through ``MPI_Finalize``: no
+``MPI_Abort`` banner, no traceback, nothing written to the run directory, the same output
+at every rank count and every run. Bad ``allreduce`` calls (different lengths on different
+ranks, a non-contiguous tensor) in a small program under the same harness.
 
 The allreduce argument checks are tested in depth where the collectives live, under mpirun
 at np = 1..4: tests/mpi/test_collectives.py (``test_different_lengths_raise_on_every_rank``,
@@ -20,9 +22,14 @@ from hpctrain.data import synthetic, write_arrays
 from hpctrain.train import TrainConfig, train
 from hpctrain.train.config import ALLREDUCE
 
-NP = 2
-WITHIN = 10  # s
-HANG = 120   # s: the mpirun fixture kills a launch that takes longer and fails the test
+NP = 3        # every case; a few at every rank count 1..4
+NP_ALLREDUCE = 2
+# s, from launch to exit, start-up included. Idle, a launch takes 2-4 s at np 1..4, nearly
+# all of it Python and torch starting; with other jobs on the 2 cores, up to ~15 s. A path
+# that waits for something (the stall watchdog's 60 s, a hang's HANG) still fails it.
+WITHIN = 30
+HANG = 120    # s: the mpirun fixture kills a launch that takes longer and fails the test
+ABORTED = ("MPI_ABORT", "MPI_Abort", "[hpctrain] rank")  # an abort's banner, a rank's failure
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +68,7 @@ CASES = {
                          "--val-fraction 0.6 leaves no training rows"),
     "fewer samples than ranks x batch": (["--batch-size=20", "--drop-last"],
                                          "drop_last with 32 samples leaves no batch: the global "
-                                         "batch (20 × 2 ranks) must be <= 32"),
+                                         "batch (20 × {np} ranks) must be <= 32"),
     "labels beyond the classes": (["--data={root}/labels.h5"],
                                   "labels /y must be class indices 0 to 3 (its attribute "
                                   "'classes' is 4), but they range from 0 to 4"),
@@ -104,34 +111,104 @@ CASES = {
 }
 
 
+def train_command(hpctrain_cmd, files, run_dir, *options):
+    """``hpctrain train`` on the good file, a tiny run, with ``options`` last (they win)."""
+    return [*hpctrain_cmd, "train", f"--data={files}/good.h5", "--hidden=8", "--epochs=1",
+            "--batch-size=4", "--allreduce=ring", "--progress=never", f"--run-dir={run_dir}",
+            *options]
+
+
+def assert_one_verdict(run, *messages):
+    """``run`` ended with status 2, each of ``messages`` printed exactly once after
+    ``error: `` (one ``error:`` line per message), no traceback, no abort."""
+    assert run.returncode == 2, run.output
+    errors = [line for line in run.output.splitlines() if line.startswith("error: ")]
+    assert len(errors) == len(messages), run.output
+    for message in messages:
+        assert run.output.count(message) == 1, run.output
+        assert any(message in line for line in errors), run.output
+    assert "Traceback" not in run.output
+    assert not any(banner in run.output for banner in ABORTED), run.output
+    assert run.elapsed < WITHIN, run.output
+
+
 @pytest.mark.parametrize("case", CASES)
-def test_bad_input_is_reported_and_ends_the_job(mpirun, hpctrain_cmd, files, tmp_path, case):
+def test_bad_input_is_one_verdict(mpirun, hpctrain_cmd, files, tmp_path, case):
     options, *messages = CASES[case]
     run_dir = tmp_path / "run"
-    command = [*hpctrain_cmd, "train", f"--data={files}/good.h5", "--hidden=8", "--epochs=1",
-               "--batch-size=4", "--allreduce=ring", "--progress=never", f"--run-dir={run_dir}",
-               *[o.format(root=files) for o in options]]
+    command = train_command(hpctrain_cmd, files, run_dir,
+                            *[o.format(root=files) for o in options])
     run = mpirun(NP, command, timeout=HANG)
-    assert run.returncode == 2, run.output
-    for message in messages:
-        assert "error: " in run.output and message.format(root=files) in run.output, run.output
-    assert "Traceback" not in run.output
-    assert run.elapsed < WITHIN, run.output
+    # A case may hold several excerpts of one message: check the first one's line.
+    assert_one_verdict(run, messages[0].format(root=files, np=NP))
+    for message in messages[1:]:
+        assert message.format(root=files, np=NP) in run.output, run.output
     assert not run_dir.exists(), "a failed start wrote into the run directory"
+
+
+#: Cases whose message is the same at every rank count, through each path to the verdict:
+#: a configuration error (found before MPI starts), a data file, a checkpoint.
+EVERY_NP = ("missing file", "unknown option", "checkpoint of another configuration")
+
+
+@pytest.mark.parametrize("np", [1, 2, 4])
+@pytest.mark.parametrize("case", EVERY_NP)
+def test_one_verdict_at_every_rank_count(mpirun, hpctrain_cmd, files, tmp_path, case, np):
+    options, message, *_ = CASES[case]
+    run = mpirun(np, train_command(hpctrain_cmd, files, tmp_path / "run",
+                                   *[o.format(root=files) for o in options]), timeout=HANG)
+    assert_one_verdict(run, message.format(root=files, np=np))
+    assert not (tmp_path / "run").exists()
+
+
+def per_rank(command):
+    """``command`` run through ``sh``, so that ``$RANK`` in its words is the rank's number."""
+    script = 'RANK=$OMPI_COMM_WORLD_RANK; eval "exec $0"'
+    return ["sh", "-c", script, " ".join(f'"{word}"' for word in command)]
+
+
+def test_a_file_missing_on_one_rank_is_named_once(mpirun, hpctrain_cmd, files, tmp_path):
+    # Rank 1's node lacks the data file (here: rank 1 is given a path that does not exist);
+    # ranks 0 and 2 find nothing wrong, so only rank 1 raises. Under MPI_Abort its message
+    # would depend on which rank got there first; here rank 0 prints it, naming rank 1.
+    for rank in (0, 2):
+        (tmp_path / f"data.{rank}.h5").write_bytes((files / "good.h5").read_bytes())
+    run = mpirun(NP, per_rank(train_command(hpctrain_cmd, files, tmp_path / "run",
+                                            f"--data={tmp_path}/data.$RANK.h5")), timeout=HANG)
+    assert_one_verdict(run, f"error: data file '{tmp_path}/data.1.h5' does not exist (prepare "
+                            f"one with 'hpctrain data prepare digits' or 'hpctrain data "
+                            f"synthetic') (rank 1 of {NP})")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_config_file_unreadable_on_some_ranks(mpirun, hpctrain_cmd, files, tmp_path):
+    # Ranks 0 and 2 fail before MPI starts (their configuration file holds a misspelled key);
+    # rank 1 reads a good one and goes on to train's checks. They meet in one collective.
+    (tmp_path / "c.1.toml").write_text("epochs = 1\n")
+    for rank in (0, 2):
+        (tmp_path / f"c.{rank}.toml").write_text("epochs = 1\nlearning_rate = 0.1\n")
+    run = mpirun(NP, per_rank(train_command(hpctrain_cmd, files, tmp_path / "run",
+                                            f"--config={tmp_path}/c.$RANK.toml")), timeout=HANG)
+    assert_one_verdict(run, f"error: unknown configuration key 'learning_rate' in {tmp_path}/"
+                            f"c.0.toml", f"error: unknown configuration key 'learning_rate' in "
+                                         f"{tmp_path}/c.2.toml")
+    assert f"(rank 0 of {NP})" in run.output and f"(rank 2 of {NP})" in run.output
+    assert not (tmp_path / "run").exists()
 
 
 def test_the_message_is_on_stderr(mpirun, hpctrain_cmd, files, tmp_path):
     # Each rank's stderr goes to a file of its own, its stdout to the launch's output: the
-    # error must be in the former, alone, and not in the latter.
+    # error must be in rank 0's stderr, once, and nowhere else.
     errors = tmp_path / "stderr"
     command = [*hpctrain_cmd, "train", f"--data={files}/nothing.h5", "--progress=never",
                f"--run-dir={tmp_path / 'run'}"]
     run = mpirun(NP, ["sh", "-c", 'exec "$@" 2>"$0.$OMPI_COMM_WORLD_RANK"', errors, *command],
                  timeout=HANG)
     assert run.returncode == 2, run.output
-    for rank in range(NP):
-        text = (tmp_path / f"stderr.{rank}").read_text()
-        assert f"error: data file '{files}/nothing.h5' does not exist" in text, text
+    message = f"error: data file '{files}/nothing.h5' does not exist"
+    texts = [(tmp_path / f"stderr.{rank}").read_text() for rank in range(NP)]
+    assert texts[0].count(message) == 1, texts[0]
+    assert not any("does not exist" in text for text in texts[1:]), texts
     assert "does not exist" not in run.output, "the message went to stdout"
     assert run.elapsed < WITHIN, run.output
 
@@ -180,7 +257,8 @@ ALLREDUCE_ERRORS = {
 @pytest.mark.parametrize("algo", ["ring", "mpi"])
 @pytest.mark.parametrize("case", ALLREDUCE_ERRORS)
 def test_bad_allreduce_arguments_end_every_rank(mpirun, case, algo):
-    run = mpirun(NP, [sys.executable, "-c", ALLREDUCE_PROGRAM, case, algo], timeout=HANG)
+    run = mpirun(NP_ALLREDUCE, [sys.executable, "-c", ALLREDUCE_PROGRAM, case, algo],
+                 timeout=HANG)
     assert run.returncode == 2, run.output
     for message in ALLREDUCE_ERRORS[case]:
         assert message in run.output, run.output

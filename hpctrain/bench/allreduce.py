@@ -22,7 +22,8 @@ import torch
 
 from .. import collectives, faults, gpu_checks, mpi_support
 from ..devices import rank_device
-from ..errors import UsageError
+from ..errors import UsageError, Verdict
+from ..runtime import checks
 from . import report
 from .sizes import format_size, size_range
 
@@ -41,7 +42,8 @@ def default_algos():
 def run(args, comm):
     """Run the benchmark; return the number of wrong values over all sizes, algorithms, ranks."""
     faults.inject("bench.start", comm.rank)
-    algos = validate(args)
+    with checks(comm):   # the first collective: bad options end every rank alike
+        algos = validate(args)
     dtype = DTYPES[args.dtype]
     itemsize = torch.empty(0, dtype=dtype).element_size()
     counts = sorted({size // itemsize for size in size_range(args.minbytes, args.maxbytes,
@@ -106,7 +108,7 @@ def run(args, comm):
 
 
 def validate(args):
-    """The algorithms to run, after checking every option (same verdict on every rank)."""
+    """The algorithms to run, after checking every option (local: no communication)."""
     algos = args.algos.split(",") if args.algos else default_algos()
     unknown = [name for name in algos if name not in collectives.ALGORITHMS and name != "auto"]
     if unknown:
@@ -139,7 +141,7 @@ def horovod_on_device(algos, args, comm):
     if reason is None:
         return algos, None
     if args.algos:
-        raise UsageError(reason)
+        raise Verdict.everywhere(reason, comm)
     return [a for a in algos if a != "horovod"], f"# horovod left out: {reason}"
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from . import cost
 from .algorithm import ALGORITHMS
-from ..errors import UsageError
+from ..errors import UsageError, Verdict
 
 def never_chosen():
     """The algorithms ``auto`` never chooses, even where measured fastest (from the registry)."""
@@ -104,7 +104,7 @@ def measured_best(rows):
 def load(path, comm=None):
     """The profile in ``path``, read by rank 0 of ``comm`` and broadcast (collective).
 
-    A missing or malformed file raises ``UsageError`` on every rank.
+    A missing or malformed file raises the same ``Verdict`` on every rank.
     """
     from mpi4py import MPI
 
@@ -121,7 +121,7 @@ def load(path, comm=None):
             error = f"--allreduce auto: cannot read the profile {path!r}: {exc}"
     data, error = comm.bcast((data, error), root=0)
     if error:
-        raise UsageError(error)
+        raise Verdict.everywhere(error, comm)
     return Profile.from_dict(data, str(path))
 
 

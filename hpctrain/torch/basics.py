@@ -19,6 +19,8 @@ import os
 import queue
 import threading
 
+from ..runtime import guard
+
 ENV_ALLREDUCE = "HPCTRAIN_ALLREDUCE"
 DEFAULT_ALLREDUCE = "ring"
 
@@ -79,9 +81,15 @@ def init(comm=None, allreduce=None):
 
     Synchronisation point: collective over ``comm``. A second call does nothing (as in
     Horovod). ``allreduce`` picks the algorithm; see the module docstring.
+
+    It also installs the guard of ``python -m hpctrain`` (:func:`hpctrain.runtime.guard`): an
+    exception that no code catches, on any rank, prints that rank's traceback and ends every
+    rank (``MPI_Abort``), where Horovod would leave the others waiting in their next
+    collective. ``HPCTRAIN_ABORT_ON_ERROR=0`` leaves ``sys.excepthook`` as it was.
     """
     if _STATE:
         return
+    guard()
     algo = choose_algorithm(allreduce)
     from mpi4py import MPI
 

@@ -2,6 +2,8 @@
 
 import argparse
 
+from ..errors import UsageError
+from ..runtime import agree
 from .config import describe_keys, load_config, parse_overrides
 
 DESCRIPTION = """\
@@ -50,8 +52,19 @@ def add_parser(subparsers):
 
 
 def run(args):
-    """Build the configuration (on every rank, before any collective) and train."""
-    config = load_config(args.config, parse_overrides(args.overrides))
+    """Build the configuration (on every rank, before any collective) and train.
+
+    A rank that cannot build it (a bad option, a configuration file unreadable on its node)
+    joins the first collective of ``train``, the start-up verdict, with its problem: the
+    ranks that could build theirs agree with it there, so every rank ends the same way.
+    """
+    try:
+        config = load_config(args.config, parse_overrides(args.overrides))
+    except UsageError as exc:
+        from mpi4py import MPI
+
+        agree(MPI.COMM_WORLD, exc)
+        raise  # not reached: agree raised the Verdict
     from .loop import train
 
     train(config)

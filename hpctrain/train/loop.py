@@ -5,10 +5,12 @@ Start-up runs in an order that keeps bad input from hanging a job:
 
 1. local checks on every rank, no communication: the world size against the regime, the
    checkpoint to resume (its checksum; ``--resume auto`` falls back to an older intact
-   one), the device, the data file and its datasets, the sampler, the model. Bad input
-   raises ``UsageError`` on every rank alike;
-2. the first collectives: the digits file is prepared by rank 0 if missing (barrier),
-   ``comm`` is duplicated, the stall watchdog starts, the node-local rank picks the GPU;
+   one), the data file and its datasets, the sampler, the model. They end in the first
+   collective, one allgather of every rank's problems (``hpctrain.runtime.checks``): bad
+   input found by any rank raises the same ``Verdict`` on every rank;
+2. the next collectives: the digits file is prepared by rank 0 if missing (barrier, then
+   the checks that need its rows, agreed the same way), ``comm`` is duplicated, the stall
+   watchdog starts, the node-local rank picks the GPU;
 3. rank 0's weights and optimizer state are broadcast, and a checksum proves that every
    rank holds the same weights.
 
@@ -39,7 +41,8 @@ import torch.nn.functional as F
 from .. import faults
 from ..data import HDF5Dataset, digits, split_indices
 from ..data.torch_dataset import TorchDataset
-from ..errors import UsageError
+from ..errors import UsageError, Verdict
+from ..runtime import checks
 from ..sampler import shard_indices
 from ..watchdog import StallWatchdog
 from . import build, checkpoint, header, replicas, report, resume
@@ -105,20 +108,47 @@ class Run:
         self.config, self.rank, self.size = config, comm.Get_rank(), comm.Get_size()
         self.asynchronous = config.regime == "async-ps"
         self.trainers = self.size - 1 if self.asynchronous else self.size
+        auto = not config.dataset and digits.is_auto_prepared(config.data)
+        # The first collective: every rank's verdict on its own checks, agreed in one
+        # allgather, so that bad input ends every rank the same way (a Verdict), whichever
+        # rank found it and even when only some did (a file missing on one node).
+        with checks(comm):
+            self._check_inputs(config, open_data=not auto)
+        if auto:
+            # Every rank decides the same way, from the configuration alone: rank 0 writes
+            # the digits (barrier), then the checks that need the rows run on the file.
+            self.prepared = digits.ensure(config.data, comm)
+            with checks(comm):
+                self.dataset = HDF5Dataset(config.data, config.x, config.y)
+                self._build_from_data(config)
+        else:
+            self.prepared = False
+        self.comm = comm.Dup()
+        try:
+            self._start(config, comm)
+        except BaseException:
+            self.abandon()
+            raise
+
+    def _check_inputs(self, config, open_data):
+        """Local checks and builds, no communication: the world size against the regime, the
+        checkpoint to resume (its checksum; ``--resume auto`` falls back to an older intact
+        one) and its settings, and with ``open_data`` the data and what is built from it.
+        Bad input raises ``UsageError``."""
         build.check_world(config, self.size)
         self.resume_path, self.saved = checkpoint.find(config.resume, config.run_path,
                                                        log=self._log)
         if self.saved is not None:
             resume.check_checkpoint(self.saved, config, self.size, self.resume_path)
-        auto = not config.dataset and digits.is_auto_prepared(config.data)
         if config.dataset:
             self.dataset = TorchDataset(config.dataset)
-        elif not auto:  # a missing or wrong file raises UsageError here, before any collective
+        elif open_data:
             self.dataset = HDF5Dataset(config.data, config.x, config.y)
-        # First collective: every rank decides the same way, from the configuration alone.
-        self.prepared = auto and digits.ensure(config.data, comm)
-        if auto:
-            self.dataset = HDF5Dataset(config.data, config.x, config.y)
+        if open_data:
+            self._build_from_data(config)
+
+    def _build_from_data(self, config):
+        """The split, the sampler and the model, each checked against the data (local)."""
         self.train_rows, self.val_rows = split_indices(len(self.dataset), config.val_fraction,
                                                        config.split_seed)
         self.sampler = build.make_sampler(config, len(self.train_rows), self.rank, self.size)
@@ -126,12 +156,6 @@ class Run:
         np.random.seed(config.seed)
         torch.manual_seed(config.seed)
         self.model = build.make_model(config, self.dataset)
-        self.comm = comm.Dup()
-        try:
-            self._start(config, comm)
-        except BaseException:
-            self.abandon()
-            raise
 
     def _start(self, config, comm):
         # The collective part of start-up: a failure here must stop the watchdog's thread.
@@ -152,7 +176,8 @@ class Run:
         self.step, self.sums, self.history, self.skipped = 0, EpochSums(), [], 0
         self.every = checkpoint_interval(config.checkpoint_every)
         if self.saved is not None:
-            self._restore(self.saved)
+            with checks(self.comm):   # every rank loads the same file: they agree on it
+                self._restore(self.saved)
         self.start_step = self.step
         self._check_same_start()
         faults.inject("train.start", self.rank)
@@ -197,8 +222,9 @@ class Run:
         starts = self.comm.allgather(start)
         differ = [r for r, other in enumerate(starts) if other != starts[0]]
         if differ:
-            raise UsageError(f"ranks {differ} start elsewhere than rank 0 ({starts[0]}): "
-                             f"is the run directory on a file system all ranks share?")
+            raise Verdict.everywhere(f"ranks {differ} start elsewhere than rank 0 ({starts[0]})"
+                                     f": is the run directory on a file system all ranks "
+                                     f"share?", self.comm)
 
     # --- training ----------------------------------------------------------------------------
 
