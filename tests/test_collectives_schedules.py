@@ -1,180 +1,217 @@
 """Every algorithm's schedule, run without MPI, for 1 to 9 ranks.
 
 Each rank is a thread running the algorithm's own ``setup``, ``schedule`` and ``run`` over an
-in-memory stand-in for the communicator (point-to-point messages, ``Split``,
-``Split_type``, ``allgather``): every message must find a receive of exactly its size, and
-every rank must end with the exact sum. This covers rank counts and node layouts that the
-MPI suite (np = 1..4) does not.
+in-memory stand-in for the communicator (tests/fake_comm.py): every message must find a
+receive of exactly its size, every rank must end with the exact sum, and no rank may wait
+forever. Each schedule runs twice: with every send buffered, and with every send
+synchronous (a send completes only once its receive is posted, as MPI may do for any
+message above its eager limit), where a schedule that only works because MPI buffers small
+messages deadlocks, and the fake reports on what each rank waited. This covers rank counts
+and node layouts that the MPI suite (np = 1..4) does not.
 """
 
-import queue
-import threading
+import sys
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from mpi4py import MPI
 
-from hpctrain.collectives import ALGORITHMS, DTYPES, Algorithm, butterfly, hierarchical, ps
-from hpctrain.collectives import ring, tree
+from fake_comm import BUFFERED, Deadlock, run_ranks, waitall
+from hpctrain.collectives import ALGORITHMS, DTYPES, Algorithm, algorithm, butterfly
+from hpctrain.collectives import hierarchical, ring, tree
 from hpctrain.collectives.contexts import Plan
 from hpctrain.collectives.reduce import host_reducer
 
 #: The algorithms that move the data themselves (a schedule of their own), by the registry.
 OURS = sorted(name for name, a in ALGORITHMS.items()
               if type(a).schedule is not Algorithm.schedule)
+#: Eager limits: 0, every send synchronous (the strictest MPI allows); BUFFERED, none is.
+EAGER = [pytest.param(0, id="sync"), pytest.param(BUFFERED, id="buffered")]
 
 
-class Shared:
-    """What the ranks of one in-memory communicator share."""
-
-    def __init__(self, size):
-        self.mailboxes = _Mailboxes()
-        self.barrier = threading.Barrier(size, timeout=10)
-        self.slots = [None] * size
-        self.children = {}      # (split number, color) -> Shared
+def test_the_registry_finds_every_algorithm_with_a_schedule():
+    # The ones handing the buffer to a library (mpi, horovod) have no schedule to run here.
+    assert {"ring", "tree", "butterfly", "ps", "ps-sharded", "hierarchical"} <= set(OURS)
 
 
-class FakeComm:
-    """One rank's view of an in-memory communicator: buffered sends, blocking receives,
-    and the few collectives that set-ups use."""
-
-    def __init__(self, rank, size, shared):
-        self.rank, self.size, self.shared = rank, size, shared
-        self.mailboxes, self.splits = shared.mailboxes, 0
-
-    def exchange(self, value):
-        """Every rank's ``value``, in rank order (an allgather through shared memory)."""
-        self.shared.slots[self.rank] = value
-        self.shared.barrier.wait()
-        values = list(self.shared.slots)
-        self.shared.barrier.wait()     # nobody overwrites a slot before all have read it
-        return values
-
-    def allgather(self, value):
-        return self.exchange(value)
-
-    def allreduce(self, value, op):
-        assert op is MPI.MIN, op
-        return min(self.exchange(value))
-
-    def Split(self, color, key=0):
-        entries = self.exchange((color, key))
-        number, self.splits = self.splits, self.splits + 1
-        if color == MPI.UNDEFINED:
-            return None
-        members = sorted((k, r) for r, (c, k) in enumerate(entries) if c == color)
-        shared = self.shared.children.setdefault((number, color), Shared(len(members)))
-        return FakeComm(members.index((key, self.rank)), len(members), shared)
-
-    def Split_type(self, split_type, key=0):
-        return self.Split(0, key)    # one machine: one node
-
-    def Free(self):
-        pass
-
-    def Get_rank(self):
-        return self.rank
-
-    def Get_size(self):
-        return self.size
-
-    def Send(self, buf, dest, tag):
-        self.mailboxes[(self.rank, dest, tag)].put(np.array(buf, copy=True))
-
-    def Recv(self, buf, source, tag):
-        message = self.mailboxes[(source, self.rank, tag)].get(timeout=10)
-        if message.shape != buf.shape:
-            raise AssertionError(f"rank {self.rank}: {message.shape[0]} elements from "
-                                 f"{source} into a buffer of {buf.shape[0]}")
-        buf[...] = message
-
-    def Sendrecv(self, sendbuf, dest, sendtag, recvbuf, source, recvtag):
-        self.Send(sendbuf, dest, sendtag)
-        self.Recv(recvbuf, source, recvtag)
-
-    def Isend(self, buf, dest, tag):
-        self.Send(buf, dest, tag)
-        return _Done()
-
-    def Irecv(self, buf, source, tag):
-        return _Pending(lambda: self.Recv(buf, source, tag))
-
-
-class _Done:
-    def Wait(self):
-        pass
-
-
-class _Pending:
-    def __init__(self, receive):
-        self.receive = receive
-
-    def Wait(self):
-        self.receive()
-
-
-class _Mailboxes(dict):
-    def __missing__(self, key):
-        # setdefault, not ``self[key] = ...``: two ranks' threads may miss the same key at
-        # once, and the one that stored its queue last would strand the other's message.
-        return self.setdefault(key, queue.Queue())
-
-
-def simulate(algo, size, count, options, dtype="int64", op="sum"):
-    """Run ``algo`` on ``size`` threads; every rank's result, or the first error raised."""
-    algorithm = ALGORITHMS[algo]
-    shared, results, errors = Shared(size), [None] * size, []
-    params = algorithm.parameters(size, options)
+def simulate(algo, size, count, options, eager, dtype="int64", op="sum", bound=False):
+    """Run ``algo`` on ``size`` threads; every rank's result. Raises the first rank's
+    error, or :class:`Deadlock`. ``bound``: through the algorithm's ``bind`` and
+    ``bind_buffer``, the data phase the driver runs on a host buffer, instead of ``run``."""
+    algo_ = ALGORITHMS[algo]
+    params = algo_.parameters(size, options)
     info = DTYPES[dtype]
 
-    def rank_main(rank):
-        try:
-            flat = np.array(base_values(rank, count), dtype=info.transport)
-            comm = FakeComm(rank, size, shared)
-            setup = algorithm.setup(comm, params) if algorithm.has_setup else None
-            sched = algorithm.schedule(size, rank, count, info.itemsize, params, setup)
-            # A workspace of exactly the size the schedule asks for: too small shows.
-            plan = Plan(algorithm, info, op, count, params, sched,
-                        host_reducer(info, op, count),
-                        np.empty(sched.scratch, dtype=info.transport), None, None,
-                        setup=setup)
-            algorithm.run(comm, flat, plan)
-            results[rank] = flat
-        except Exception as exc:   # reported by the main thread
-            errors.append(f"rank {rank}: {exc!r}")
+    def rank_main(comm):
+        flat = np.array(base_values(comm.Get_rank(), count), dtype=info.transport)
+        setup = algo_.setup(comm, params) if algo_.has_setup else None
+        sched = algo_.schedule(size, comm.Get_rank(), count, info.itemsize, params, setup)
+        # A workspace of exactly the size the schedule asks for: too small shows.
+        plan = Plan(algo_, info, op, count, params, sched, host_reducer(info, op, count),
+                    np.empty(sched.scratch, dtype=info.transport), None, None, setup=setup)
+        if bound:
+            algo_.bind_buffer(comm, plan, flat, algo_.bind(comm, plan))()
+        else:
+            algo_.run(comm, flat, plan)
+        return flat
 
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(size)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
-    assert not errors, errors
-    assert not any(t.is_alive() for t in threads), "a rank is stuck waiting for a message"
-    return results
+    with pytest.MonkeyPatch.context() as patch:
+        # Algorithms wait through MPI.Request.Waitall (algorithm.waitall); here requests
+        # are the fake's.
+        for module in {sys.modules[type(a).__module__] for a in ALGORITHMS.values()}:
+            if getattr(module, "waitall", None) is algorithm.waitall:
+                patch.setattr(module, "waitall", waitall)
+        return run_ranks(size, rank_main, eager)
 
 
 def base_values(rank, count):
     return (np.arange(count) * 5 + rank * 3) % 11 - 5
 
 
-@pytest.fixture
-def no_mpi_waitall(monkeypatch):
-    # ps and ps-sharded wait through MPI.Request.Waitall; here requests are fakes.
-    for module in (ps, hierarchical):
-        monkeypatch.setattr(module, "waitall", lambda requests: [r.Wait() for r in requests])
+def ways_to_run(algo):
+    """``(dtype, bound)`` pairs: ``run``, and the bound data phase where the algorithm has
+    one of its own (in float64, whose one- and two-element sums take a path of their own)."""
+    cls = type(ALGORITHMS[algo])
+    own = cls.bind is not Algorithm.bind or cls.bind_buffer is not Algorithm.bind_buffer
+    return [("int64", False), *([("float64", True)] if own else [])]
 
 
+@pytest.mark.parametrize("eager", EAGER)
 @pytest.mark.parametrize("size", range(2, 10))
 @pytest.mark.parametrize("algo", OURS)
-def test_every_rank_ends_with_the_exact_sum(algo, size, no_mpi_waitall):
-    for count in sorted({1, size - 1, size, size + 1, 2 * size + 3, 37}):
+def test_every_rank_ends_with_the_exact_sum(algo, size, eager):
+    for count in sorted({1, 2, size - 1, size, size + 1, 2 * size + 3, 37}):
         want = sum(base_values(r, count) for r in range(size))
         for options in ALGORITHMS[algo].examples(size):
-            results = simulate(algo, size, count, options)
-            for rank, got in enumerate(results):
-                assert np.array_equal(got, want), (algo, size, count, options, rank)
+            for dtype, bound in ways_to_run(algo):
+                results = simulate(algo, size, count, options, eager, dtype, bound=bound)
+                for rank, got in enumerate(results):
+                    assert np.array_equal(got, want), (algo, size, count, options, rank)
+
+
+def test_a_ring_that_sends_before_it_receives_deadlocks_only_when_sends_are_synchronous(
+        monkeypatch):
+    # The ring's reduce-scatter with the Sendrecv split into Send then Recv: fine while MPI
+    # buffers the chunks, a deadlock once they pass the eager limit.
+    def send_then_recv(comm, flat, sched, scratch, reduce, tag):
+        for send_lo, send_hi, recv_lo, recv_hi in sched.reduce_scatter:
+            comm.Send(flat[send_lo:send_hi], sched.right, tag)
+            comm.Recv(scratch[:recv_hi - recv_lo], sched.left, tag)
+            reduce(flat[recv_lo:recv_hi], scratch[:recv_hi - recv_lo])
+
+    monkeypatch.setattr(ring, "reduce_scatter", send_then_recv)
+    want = sum(base_values(r, 37) for r in range(3))
+    assert all(np.array_equal(got, want) for got in simulate("ring", 3, 37, {}, BUFFERED))
+    with pytest.raises(Deadlock) as found:
+        simulate("ring", 3, 37, {}, eager=0)
+    # 37 elements in chunks of 13, 12, 12: each rank is stuck sending its own chunk right.
+    for rank, nbytes in enumerate((104, 96, 96)):
+        assert (f"rank {rank}: waits in Send of {nbytes} B to rank {(rank + 1) % 3}, tag "
+                f"{ALGORITHMS['ring'].tag} (synchronous)") in str(found.value), found.value
+
+
+# ----- the fake itself: it must catch what it is there to catch -------------------------------
+
+def swap_by_send_then_recv(comm, nbytes=800, post=None):
+    """The classic unsafe exchange: both ranks Send before they Recv."""
+    peer = 1 - comm.Get_rank()
+    mine = np.full(nbytes, comm.Get_rank(), dtype=np.uint8)
+    theirs = np.empty(nbytes, dtype=np.uint8)
+    if post == "isend":
+        comm.Isend(mine, peer, 5).Wait()
+    else:
+        comm.Send(mine, peer, 5)
+    comm.Recv(theirs, peer, 5)
+    return theirs
+
+
+def test_send_before_recv_deadlocks_above_the_eager_limit():
+    with pytest.raises(Deadlock) as found:
+        run_ranks(2, swap_by_send_then_recv, eager=799)
+    report = str(found.value)
+    assert "deadlock with eager limit 799 B" in report, report
+    assert "rank 0: waits in Send of 800 B to rank 1, tag 5 (synchronous)" in report, report
+    assert "rank 1: waits in Send of 800 B to rank 0, tag 5 (synchronous)" in report, report
+
+
+@pytest.mark.parametrize("eager", [800, BUFFERED])
+def test_send_before_recv_completes_when_the_message_is_eager(eager):
+    got = run_ranks(2, swap_by_send_then_recv, eager=eager)
+    assert [set(g.tolist()) for g in got] == [{1}, {0}]
+
+
+def test_eager_limit_zero_makes_even_an_empty_send_synchronous():
+    with pytest.raises(Deadlock):
+        run_ranks(2, lambda comm: swap_by_send_then_recv(comm, nbytes=0), eager=0)
+
+
+def test_an_isend_is_waited_for_like_a_send():
+    with pytest.raises(Deadlock, match=r"rank 1: waits in Send of 800 B to rank 0"):
+        run_ranks(2, lambda comm: swap_by_send_then_recv(comm, post="isend"), eager=0)
+
+
+def test_sendrecv_swaps_without_deadlock_when_every_send_is_synchronous():
+    def swap(comm):
+        peer, theirs = 1 - comm.Get_rank(), np.empty(1000, dtype=np.uint8)
+        comm.Sendrecv(np.full(1000, comm.Get_rank(), dtype=np.uint8), peer, 5, theirs, peer, 5)
+        return theirs
+
+    assert [set(g.tolist()) for g in run_ranks(2, swap, eager=0)] == [{1}, {0}]
+
+
+def test_a_deadlock_across_a_collective_and_a_split_names_every_rank():
+    # Rank 0 waits in a collective of the world, ranks 1 and 2 for each other on a split.
+    def main(comm):
+        sub = comm.Split(0 if comm.Get_rank() else 1, comm.Get_rank())
+        if comm.Get_rank() == 0:
+            comm.allgather(0)
+        else:
+            sub.Send(np.zeros(8), 1 - sub.Get_rank(), 3)
+
+    with pytest.raises(Deadlock) as found:
+        run_ranks(3, main, eager=0)
+    report = str(found.value)
+    assert "rank 0: waits in collective #1 on world" in report, report
+    assert ("rank 1: waits in Send of 64 B to rank 1 of world/split0:0 (world rank 2)"
+            in report), report
+    assert ("rank 2: waits in Send of 64 B to rank 0 of world/split0:0 (world rank 1)"
+            in report), report
+
+
+def test_a_failing_rank_is_reported_not_the_waits_it_leaves_behind():
+    def main(comm):
+        if comm.Get_rank() == 1:
+            raise ValueError("rank 1 broke")
+        comm.Recv(np.empty(4), 1, 0)
+
+    with pytest.raises(AssertionError, match=r"rank 1 of 2: ValueError\('rank 1 broke'\)"):
+        run_ranks(2, main, eager=BUFFERED)
+
+
+def test_a_message_of_the_wrong_size_fails_the_receive():
+    def main(comm):
+        if comm.Get_rank() == 0:
+            comm.Send(np.zeros(3), 1, 0)
+        else:
+            comm.Recv(np.empty(4), 0, 0)
+
+    with pytest.raises(AssertionError, match="Recv of 32 B from rank 0, tag 0: the message "
+                                             "has 24 B"):
+        run_ranks(2, main, eager=BUFFERED)
+
+
+def test_messages_of_one_channel_arrive_in_the_order_sent():
+    def main(comm):
+        got = [np.full(1, -1) for _ in range(5)]
+        for value, buf in enumerate(got):
+            if comm.Get_rank() == 0:
+                comm.Send(np.full(1, value), 1, 0)
+            else:
+                comm.Recv(buf, 0, 0)
+        return [int(buf[0]) for buf in got]
+
+    assert run_ranks(2, main, eager=BUFFERED)[1] == [0, 1, 2, 3, 4]
 
 
 def test_ring_sends_right_and_receives_left():
@@ -250,15 +287,14 @@ def test_nodes_are_numbered_by_their_lowest_rank():
 
 @settings(max_examples=30, deadline=None)
 @given(size=st.integers(2, 7), per_node=st.integers(1, 7), count=st.integers(0, 60),
-       segment=st.integers(0, 5))
-def test_hierarchical_sums_exactly_on_any_split_into_nodes(size, per_node, count, segment):
+       segment=st.integers(0, 5), eager=st.sampled_from([0, BUFFERED]))
+def test_hierarchical_sums_exactly_on_any_split_into_nodes(size, per_node, count, segment,
+                                                           eager):
     want = sum(base_values(r, count) for r in range(size))
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(hierarchical, "waitall", lambda requests: [r.Wait() for r in requests])
-        results = simulate("hierarchical", size, count,
-                           {"ranks_per_node": per_node, "segment_bytes": 8 * segment})
+    results = simulate("hierarchical", size, count,
+                       {"ranks_per_node": per_node, "segment_bytes": 8 * segment}, eager)
     for rank, got in enumerate(results):
-        assert np.array_equal(got, want), (size, per_node, count, segment, rank)
+        assert np.array_equal(got, want), (size, per_node, count, segment, eager, rank)
 
 
 def node_link_bytes(nodes, per_node, count, itemsize=4):

@@ -1,12 +1,16 @@
 """The batch scripts in jobs/, submitted with sbatch to a real single-node Slurm.
 
 The session fixture starts Slurm with scripts/slurm-local (and stops it afterwards if it
-started it). Jobs are sized to this machine through sbatch options and HPCTRAIN_ARGS, never
-through a separate copy of the script.
+started it), which installs Debian's Slurm and munge packages where they are missing. That
+takes root (slurmd runs as root) and, for packages not yet installed, apt-get: where either is
+missing, the tests that submit jobs are skipped with a reason that names it. Jobs are sized
+to this machine through sbatch options and HPCTRAIN_ARGS, never through a separate copy of
+the script.
 """
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,11 +21,28 @@ REPO = Path(__file__).resolve().parents[1]
 SLURM_LOCAL = REPO / "scripts" / "slurm-local"
 JOB_TIMEOUT = 240  # s
 SCRIPT_TIMEOUT = 120  # s: slurm-local status, env, down (up may install packages: 600 s)
+#: What scripts/slurm-local and the tests run: the daemons, munge's client and Slurm's.
+SLURM_TOOLS = ("munged", "munge", "slurmctld", "slurmd", "sbatch", "scontrol", "sinfo",
+               "scancel")
+
+
+def missing_for_slurm():
+    """Why scripts/slurm-local cannot bring Slurm up here, or "" if it can."""
+    if os.geteuid() != 0:
+        return f"needs root: scripts/slurm-local runs slurmd as root (euid {os.geteuid()})"
+    absent = [tool for tool in SLURM_TOOLS if shutil.which(tool) is None]
+    if absent and shutil.which("apt-get") is None:
+        return (f"{', '.join(absent)} not installed, and no apt-get for scripts/slurm-local "
+                f"to install them with")
+    return ""
 
 
 @pytest.fixture(scope="session")
 def slurm_env():
     """Environment for sbatch against the local Slurm, which is up for the whole session."""
+    missing = missing_for_slurm()
+    if missing:
+        pytest.skip(f"local Slurm: {missing}")
     status = subprocess.run([SLURM_LOCAL, "status"], capture_output=True, text=True,
                             timeout=SCRIPT_TIMEOUT)
     was_up = "slurmctld  running" in status.stdout

@@ -1,13 +1,16 @@
 """Multi-node behaviour on the emulated cluster: hosts in network namespaces, rate-limited links.
 
 The module fixture brings up 2 hosts with scripts/vcluster (its own namespace prefix and state
-directory, so it never touches another cluster) and removes them afterwards. Ranks run
+directory, so it never touches another cluster) and removes them afterwards. That takes root,
+iproute2 and a kernel that lets us make network namespaces, bridges, veth pairs and tbf
+qdiscs: where any is missing, every test here is skipped with a reason that names it. Ranks run
 `python` as the README writes it, with no virtual environment on PATH: scripts/vcluster puts
 the project's first. Every launch is bounded, and a hung one is killed with all it started.
 """
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,9 +24,38 @@ LAUNCH_TIMEOUT = 180  # s
 SCRIPT_TIMEOUT = 120  # s, for up, down and status
 
 
+def missing_for_vcluster():
+    """Why scripts/vcluster cannot run here, or "" if it can: what ``up`` and ``mpirun`` do,
+    tried once in a throw-away namespace."""
+    if os.geteuid() != 0:
+        return f"needs root to make network namespaces (euid {os.geteuid()})"
+    for tool, package in (("ip", "iproute2"), ("tc", "iproute2"), ("unshare", "util-linux")):
+        if shutil.which(tool) is None:
+            return f"needs {tool} ({package}), which is not on PATH"
+    probe = f"hptprobe{os.getpid()}"
+    steps = [["ip", "netns", "add", probe],
+             ["ip", "-n", probe, "link", "add", "br0", "type", "bridge"],
+             ["ip", "-n", probe, "link", "add", "v0", "type", "veth", "peer", "name", "v1"],
+             ["ip", "netns", "exec", probe, "tc", "qdisc", "add", "dev", "v0", "root", "tbf",
+              "rate", "1gbit", "burst", "256kb", "latency", "50ms"],
+             ["ip", "netns", "exec", probe, "unshare", "--uts", "true"]]
+    try:
+        for step in steps:
+            done = subprocess.run(step, capture_output=True, text=True, timeout=SCRIPT_TIMEOUT)
+            if done.returncode != 0:
+                return f"`{' '.join(step)}` fails here: {done.stderr.strip()}"
+    finally:
+        subprocess.run(["ip", "netns", "del", probe], capture_output=True,
+                       timeout=SCRIPT_TIMEOUT)
+    return ""
+
+
 @pytest.fixture(scope="module")
 def vcluster(tmp_path_factory):
     """Environment that addresses a 2-host, 1 slot per host, 1 Gbit/s emulated cluster."""
+    missing = missing_for_vcluster()
+    if missing:
+        pytest.skip(f"emulated cluster: {missing}")
     venv_bin = str(Path(sys.prefix) / "bin")
     path = ":".join(d for d in os.environ["PATH"].split(":") if d != venv_bin)
     env = {**os.environ, "HPCTRAIN_VCLUSTER_DIR": str(tmp_path_factory.mktemp("vcluster")),
