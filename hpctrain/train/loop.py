@@ -156,6 +156,7 @@ class Run:
         np.random.seed(config.seed)
         torch.manual_seed(config.seed)
         self.model = build.make_model(config, self.dataset)
+        self.input_dtype = _input_dtype(self.model)
 
     def _start(self, config, comm):
         # The collective part of start-up: a failure here must stop the watchdog's thread.
@@ -298,7 +299,8 @@ class Run:
     def read_batch(self, positions):
         """This rank's samples and labels at ``positions`` of the training rows."""
         x, y = self.dataset.read(self.train_rows[positions])
-        return (torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device))
+        return (torch.from_numpy(x).to(self.device, self.input_dtype),
+                torch.from_numpy(y).to(self.device))
 
     def forward_backward(self, x, y):
         """Forward and backward on one batch (mean loss): ``(loss, correct, samples)``."""
@@ -435,6 +437,15 @@ class _InfiniteGradient(torch.autograd.Function):
         return torch.full_like(grad, math.inf)
 
 
+def _input_dtype(model):
+    # Data sets are read as float32; a float64 (or half-precision) model would fail in its
+    # first layer on them, so samples are cast to the dtype of its floating-point weights.
+    for param in model.parameters():
+        if param.is_floating_point():
+            return param.dtype
+    return torch.float32
+
+
 def _perturb(model):
     # The ``train.perturb`` fault: one weight of this rank's replica moves a little.
     with torch.no_grad():
@@ -455,7 +466,8 @@ def evaluate(run):
     with torch.no_grad():
         for start in range(0, len(rows), run.config.eval_batch_size):
             x, y = run.dataset.read(rows[start:start + run.config.eval_batch_size])
-            x, y = torch.from_numpy(x).to(run.device), torch.from_numpy(y).to(run.device)
+            x = torch.from_numpy(x).to(run.device, run.input_dtype)
+            y = torch.from_numpy(y).to(run.device)
             output = run.model(x)
             sums += (F.cross_entropy(output, y, reduction="sum").item(),
                      (output.argmax(1) == y).sum().item(), len(y))

@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from .. import faults
+from ..collectives.dtypes import NUMPY_DTYPES, mpi_datatype
 from ..sampler import shard_indices
 from .gradients import BucketReducer
 from .replicas import broadcast_model, broadcast_optimizer
@@ -290,7 +291,9 @@ class ShardedServerRegime(_BucketRegime):
                                for r in range(size)])
             displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
             self.layout.append((counts, displs, slice(displs[rank], displs[rank] + counts[rank])))
-        self.shard_grads = [torch.zeros(int(c[rank])) for c, _, _ in self.layout]
+        # In the bucket's dtype: Reduce_scatter receives into them from the bucket.
+        self.shard_grads = [torch.zeros(int(c[rank]), dtype=b.flat.dtype)
+                            for b, (c, _, _) in zip(self.reducer.buckets, self.layout)]
         self.shards, self._pending_state = None, None
         self.extra_seconds = 0.0
 
@@ -326,8 +329,6 @@ class ShardedServerRegime(_BucketRegime):
 
     def step(self, may_update=bool):
         """Collective: reduce-scatter, step the own shards, all-gather; seconds waited."""
-        from mpi4py import MPI
-
         waited = self.reducer.wait()
         for shard, grad in zip(self.shards, self.shard_grads):
             shard.grad = grad
@@ -337,8 +338,9 @@ class ShardedServerRegime(_BucketRegime):
         start = time.perf_counter()
         for bucket, shard, (counts, displs, _) in zip(self.reducer.buckets, self.shards,
                                                       self.layout):
+            flat = bucket.flat.numpy()
             self.comm.Allgatherv(shard.detach().numpy(),
-                                 [bucket.flat.numpy(), counts, displs, MPI.FLOAT])
+                                 [flat, counts, displs, mpi_datatype(NUMPY_DTYPES[flat.dtype])])
             bucket.buffer.unpack(bucket.params)
         spent = time.perf_counter() - start
         self.extra_seconds += spent
