@@ -305,6 +305,9 @@ def test_quick_study_writes_the_report(tmp_path):
                           capture_output=True, text=True, timeout=240)
     elapsed = time.monotonic() - started
     assert done.returncode == 0, done.stdout + done.stderr
+    # The README's promise, kept as an absolute bound: the whole run is what a user waits
+    # for. docs/studies.md measured 24-33 s under a load average of 4-6 (24 s again at 6-7):
+    # 120 s leaves 4x for a busier machine and still fails a study gone several times slower.
     assert elapsed < 120, f"--quick took {elapsed:.0f} s, promised under 2 minutes"
     with h5py.File(out / "study.h5") as f:
         table = f["allreduce"][:]

@@ -165,4 +165,9 @@ def test_two_ranks_resume_from_the_previous_intact_checkpoint(mpirun, hpctrain_c
             in resumed.output)
     assert f"at epoch {first_step // 10 + 1}, step {first_step})" in resumed.output
     assert resumed.output.count("skipping a damaged checkpoint") == 1, "only rank 0 reports"
-    assert resumed.elapsed < 30
+    # The fallback costs one more checkpoint read, and no rank waits on a timeout: the resumed
+    # launch (the steps from the previous checkpoint to 20) does about the first one's work
+    # (10 steps) after the same start-up. A ratio, since both ran side by side: 3x leaves
+    # room for a busy machine's noise; a wait of the kind a timeout gives would exceed it.
+    assert resumed.elapsed < 3 * first.elapsed, \
+        f"first launch {first.elapsed:.1f} s, resumed {resumed.elapsed:.1f} s"

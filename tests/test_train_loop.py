@@ -147,4 +147,11 @@ def test_the_main_job_reaches_95_percent_on_four_ranks(mpirun, hpctrain_cmd, tmp
     rows = list(csv.DictReader(open(run_dir / "metrics.csv")))
     assert len(rows) == 20, result.output
     assert float(rows[-1]["val_acc"]) >= 0.95, result.output[-3000:]
+    # Most of the job is start-up (4 interpreters importing torch and starting Horovod), which
+    # would hide a training loop gone several times slower: the 20 epochs, as the ranks timed
+    # them, took 3 s in all under a load average of 7-8 on 2 cores; 15 s leaves 5x for load.
+    training = sum(float(row["epoch_s"]) for row in rows)
+    assert training < 15, f"the 20 epochs took {training:.1f} s"
+    # The whole job, start-up included, as a user waits for it: the README says 15-25 s on
+    # 2 cores, and 23 s was measured under that load; 90 s leaves 4x for a shared machine.
     assert result.elapsed < 90, f"the main job took {result.elapsed:.0f} s"

@@ -122,12 +122,29 @@ def comm_hook(op=Average):
 
     Each bucket is reduced with the algorithm chosen at ``init`` (``op``: ``Average``, as
     DDP's default hook, or ``Sum``). Buckets are reduced in the order DDP hands them over,
-    which DDP keeps the same on every rank.
+    which DDP keeps the same on every rank. The returned :class:`CommHook` counts what it
+    reduced (``buckets``, ``elements``).
     """
-    op = resolve_op(None, op)
-    w = world()
+    return CommHook(world(), resolve_op(None, op))
 
-    def hook(state, bucket):
+
+class CommHook:
+    """The hook :func:`comm_hook` returns; DDP calls it once per bucket while backward runs.
+
+    ``buckets`` and ``elements`` count the buckets and gradient values it has reduced so far:
+    a script (or a test) can tell from them that its gradients went through hpctrain and not
+    through DDP's own allreduce, which gives the same replicas. They are updated on the
+    communication thread before a bucket's future completes, so they are up to date once
+    ``backward()`` has returned (DDP waits for every bucket's future).
+    """
+
+    def __init__(self, w, op):
+        self.world, self.op = w, op
+        self.buckets = self.elements = 0
+        # register_comm_hook names the hook in DDP's logs by these, which a function has.
+        self.__name__ = self.__qualname__ = "comm_hook"
+
+    def __call__(self, state, bucket):
         tensor = bucket.buffer()
         future = torch.futures.Future()
         event = None
@@ -139,14 +156,14 @@ def comm_hook(op=Average):
             try:
                 if event is not None:
                     torch.cuda.current_stream(tensor.device).wait_event(event)
-                reduce_flat(w, tensor, op)
+                reduce_flat(self.world, tensor, self.op)
                 if tensor.is_cuda:
                     torch.cuda.current_stream(tensor.device).synchronize()
+                self.buckets += 1
+                self.elements += tensor.numel()
                 future.set_result(tensor)
             except BaseException as exc:  # noqa: B036 - handed to DDP through the future
                 future.set_exception(exc)
 
-        w.engine.submit(run)
+        self.world.engine.submit(run)
         return future
-
-    return hook

@@ -5,6 +5,13 @@ whose sums are exact in any order (small integers, even in float16 and bfloat16)
 algorithm must agree with the reference bit for bit. Every final assertion is collective
 (``_all_ranks``): a rank that fails alone would otherwise leave the others waiting in the
 next collective.
+
+At np = 1 every algorithm is the identity: a one-rank plan has an empty data phase
+(``contexts.py``), so the reference checks there only confirm that the buffer comes back with
+its own values. What np = 1 does test for real is said by
+``test_the_result_is_written_into_the_callers_buffer`` (same object, memory, dtype, shape
+and bits) and by the argument checks, fused buffers and sub-communicators, which run at every
+size.
 """
 
 import sys
@@ -167,6 +174,40 @@ def test_torch_tensors_of_any_shape_are_reduced_in_place(dtype):
             if tensor.shape != (2, 3, 5) or wrong.size:
                 failures.append(f"{algo} {dtype} {op}")
     _all_ranks(not failures, failures)
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_the_result_is_written_into_the_callers_buffer(kind):
+    # allreduce works in place at every size: the caller's object comes back, in the same
+    # memory, with its dtype and shape. At np = 1 that is all allreduce does (the identity):
+    # the bits must come back untouched, whatever the algorithm, op or dtype.
+    failures = []
+    for algo in ALGOS:
+        for dtype in sorted(DTYPES):
+            for op in sorted(OPS):
+                values = contribution(RANK, 7 * 11, salt=4).reshape(7, 11)
+                buf = make_buffer(values, dtype, kind)
+                before, where = _bits(buf), _address(buf)
+                out = allreduce(buf, op=op, algo=algo)
+                kept = out is buf and _address(buf) == where and buf.shape == (7, 11) \
+                    and str(buf.dtype).endswith(dtype)
+                right = _bits(buf) == before if SIZE == 1 else \
+                    not mismatches(algo, dtype, op, as_reference_type(buf),
+                                   reference(dtype, op, 77, salt=4)).size
+                if not (kept and right):
+                    failures.append(f"{algo} {kind} {dtype} {op}: kept {kept}, right {right}")
+    _all_ranks(not failures, failures)
+
+
+def _bits(buf):
+    """The buffer's bytes (bfloat16 has no NumPy dtype: through a uint8 view)."""
+    if isinstance(buf, torch.Tensor):
+        return buf.view(-1).view(torch.uint8).numpy().tobytes()
+    return buf.tobytes()
+
+
+def _address(buf):
+    return buf.data_ptr() if isinstance(buf, torch.Tensor) else buf.ctypes.data
 
 
 def test_check_false_gives_the_same_results():

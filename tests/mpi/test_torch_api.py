@@ -5,6 +5,9 @@ tests/mpi/test_torch_api.py``. Each algorithm's tests run between one ``init`` a
 ``shutdown``; ``horovod`` (the real Horovod) runs the same tests last, so the expectations
 below are Horovod's own. The optimizer's weights are compared with those Horovod's
 ``DistributedOptimizer`` reaches on the same data.
+
+At np = 1 a reduction's values are its input's; what the tests check there is the API around
+them: a new tensor or the same one, the dtype, the scaling factors, the argument checks.
 """
 
 import numpy as np
@@ -56,6 +59,8 @@ def test_allreduce_sum_average_min_max_give_new_tensors(algo, comm, dtype):
         got = hvd.allreduce(mine, op=op, name=f"t{op}")
         if not torch.equal(mine, before):
             bad.append(f"op {op} changed its input")
+        if got.data_ptr() == mine.data_ptr():   # at np = 1 too, where the values are equal
+            bad.append(f"op {op} returned its input, not a new tensor")
         if got.dtype != dtype or not torch.allclose(got.double(), want, atol=1e-3):
             bad.append(f"op {op}: {got.tolist()} != {want.tolist()}")
     all_ranks(comm, not bad, bad)
@@ -66,6 +71,17 @@ def test_allreduce_in_place_and_average_flag(algo, comm):
     out = hvd.allreduce_(t, average=False)
     want = sum(values(r, torch.float32) for r in range(comm.size))
     all_ranks(comm, out is t and torch.equal(t, want), [t.tolist()])
+
+
+@pytest.mark.parametrize("op", ["Sum", "Average"])
+def test_prescale_and_postscale_factors_multiply_the_result(algo, comm, op):
+    # Applied at every size, np = 1 included (where the reduction itself changes nothing).
+    t = values(comm.rank, torch.float32)
+    got = hvd.allreduce(t, op=getattr(hvd, op), prescale_factor=3.0, postscale_factor=0.5)
+    total = sum(values(r, torch.float64) for r in range(comm.size))
+    want = 1.5 * total / (comm.size if op == "Average" else 1)
+    all_ranks(comm, got.dtype == torch.float32 and torch.allclose(got.double(), want),
+              [f"{got.tolist()} != {want.tolist()}"])
 
 
 def test_op_and_average_together_are_refused(algo, comm):
