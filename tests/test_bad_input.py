@@ -107,7 +107,7 @@ CASES = {
     "mid-epoch checkpoint on another rank count": (
         ["--resume={root}/ckpt/checkpoint.pt", "--hidden=16"],
         "was written by 1 ranks mid-epoch or with a sharded optimizer: resume it on 1 ranks "
-        "(this run has 2)"),
+        "(this run has {np})"),
 }
 
 

@@ -108,9 +108,12 @@ def test_links_carry_jumbo_frames_and_a_bad_mtu_is_refused(vcluster):
 
 
 def test_ranks_run_the_projects_python_without_an_activated_venv(vcluster):
-    result = run_on_cluster(vcluster, 2, "python", "-c", "import sys; print('prefix', sys.prefix)")
+    # One write(2) per rank: print() may hand its words to the pipe one by one, and mpirun
+    # interleaves the two ranks' pieces ("prefixprefix /a\n /a").
+    probe = "import os, sys; os.write(1, f'<prefix {sys.prefix}>\\n'.encode())"
+    result = run_on_cluster(vcluster, 2, "python", "-c", probe)
     assert result.returncode == 0, result.output
-    assert re.findall(r"^prefix (.*)$", result.output, re.M) == [sys.prefix] * 2, result.output
+    assert re.findall(r"<prefix (\S+)>", result.output) == [sys.prefix] * 2, result.output
 
 
 def test_ranks_land_on_different_hosts(vcluster):
