@@ -24,9 +24,10 @@ from hpctrain.train.config import ALLREDUCE
 
 NP = 3        # every case; a few at every rank count 1..4
 NP_ALLREDUCE = 2
-# s, from launch to exit, start-up included. Idle, a launch takes 2-4 s at np 1..4, nearly
-# all of it Python and torch starting; with other jobs on the 2 cores, up to ~15 s. A path
-# that waits for something (the stall watchdog's 60 s, a hang's HANG) still fails it.
+# s, from launch to exit, start-up included. Idle, a launch took 4.1-6.2 s at np 1..4: Python
+# and torch starting in every rank (3.4 s at np 1, 6.1 s at np 4 on 2 cores), then mpirun's
+# 1 s grace after a non-zero exit; with other jobs on the 2 cores, up to ~15 s. A path that
+# waits for something (the stall watchdog's 60 s, a hang's HANG) still fails it.
 WITHIN = 30
 HANG = 120    # s: the mpirun fixture kills a launch that takes longer and fails the test
 ABORTED = ("MPI_ABORT", "MPI_Abort", "[hpctrain] rank")  # an abort's banner, a rank's failure
