@@ -105,12 +105,14 @@ def test_bench_allreduce_rejects_an_unknown_algorithm_on_every_rank(mpirun, hpct
 
 def test_bench_p2p_fits_alpha_and_beta(mpirun, hpctrain_cmd, tmp_path):
     out_json = tmp_path / "p2p.json"
-    result = mpirun(2, [*hpctrain_cmd, "bench", "p2p", "-b", "8", "-e", "1M", "-f", "16",
+    # Up to 8 MiB, so the largest message's copy time (milliseconds) stands well above the
+    # latency noise of a busy machine: with 1 MiB at most, a loaded run fitted beta = 0.
+    result = mpirun(2, [*hpctrain_cmd, "bench", "p2p", "-b", "8", "-e", "8M", "-f", "16",
                         "-n", "20", "--json", out_json], timeout=120)
     assert result.returncode == 0, result.output
     assert re.search(r"^# alpha \(latency\)\s+: [\d.]+ us$", result.output, re.M)
     document = json.loads(out_json.read_text())
-    assert [row["size"] for row in document["rows"]] == [8, 128, 2048, 32768, 524288]
+    assert [row["size"] for row in document["rows"]] == [8, 128, 2048, 32768, 524288, 8 << 20]
     assert document["alpha_s"] > 0 and document["beta_s_per_byte"] > 0
 
 
