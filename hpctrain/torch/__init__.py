@@ -1,4 +1,4 @@
-"""``hpctrain.torch``: Horovod's ``horovod.torch`` API, with the allreduce algorithm chosen.
+"""``hpctrain.torch``: Horovod's ``horovod.torch`` API, with the algorithms chosen.
 
 A script written for Horovod runs with one changed line::
 
@@ -9,44 +9,90 @@ A script written for Horovod runs with one changed line::
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
-and is launched as before (``mpirun -np 4 python train.py``). The algorithm is the
-``allreduce=`` argument of ``init``, else ``$HPCTRAIN_ALLREDUCE``, else ``ring``; any name
-of ``hpctrain.collectives.available()``, and ``horovod`` hands every call to the real
-Horovod. :func:`comm_hook` does the same for PyTorch DDP scripts.
+and is launched as before (``mpirun -np 4 python train.py``). The allreduce algorithm is the
+``allreduce=`` argument of ``init``, else ``$HPCTRAIN_ALLREDUCE``, else ``ring``: any name of
+``hpctrain.collectives.available()``; the other collectives use their own algorithm of the
+same family. ``horovod`` hands every call to the real Horovod. :func:`comm_hook` does the
+same for PyTorch DDP scripts.
 
-Supported: ``init``, ``shutdown``, ``is_initialized``, ``rank``, ``size``, ``local_rank``,
-``local_size``, ``cross_rank``, ``cross_size``; ``allreduce(_)(async(_))``,
-``grouped_allreduce(_)(async(_))``, ``synchronize``, ``poll``; ``broadcast(_)(async(_))``,
+Every collective of ``horovod.torch`` is here: ``allreduce``, ``allgather``, ``broadcast``,
+``reducescatter``, ``alltoall``, in their ``_async``, in-place and ``grouped_`` forms,
+differentiable; ops ``Average``, ``Sum``, ``Min``, ``Max``, ``Product``, ``Adasum``; sparse
+allreduce; process sets (``ProcessSet``, ``add_process_set``, ``remove_process_set``,
+``process_set=``); ``join``; ``barrier``; ``SyncBatchNorm``; ``DistributedOptimizer``;
 ``broadcast_parameters``, ``broadcast_optimizer_state``, ``broadcast_object``,
-``allgather``, ``allgather_object``, ``barrier``; ``DistributedOptimizer``;
-``Compression.none|fp16|bf16``; ops ``Average``, ``Sum``, ``Min``, ``Max``; ``*_built``.
-Not supported, with an error that says what to use: ``Adasum``, ``Product``, process sets,
-``alltoall``, ``reducescatter``, ``join``, sparse tensors.
+``allgather_object``; ``start_timeline``/``stop_timeline``; ``Compression``. Operations are
+paired across ranks by name, as in Horovod (see :mod:`hpctrain.torch.engine`). Not offered:
+elastic training (``hvd.elastic``, which needs Horovod's own launcher) and the Gloo and
+NCCL controllers; using them raises an error that says what to use instead.
 """
 
-from .basics import (algorithm, cross_rank, cross_size, cuda_built, gloo_built, init,
-                     is_initialized, local_rank, local_size, mpi_built,
-                     mpi_threads_supported, nccl_built, rank, shutdown, size)
+from functools import wraps
+
+from . import ops as _ops
+from .basics import (algorithm, backend, ccl_built, cross_rank, cross_size, cuda_built,
+                     ddl_built, gloo_built, gloo_enabled, init, is_homogeneous, is_initialized,
+                     local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported,
+                     nccl_built, rank, rocm_built, shutdown, size)
 from .compression import Compression
 from .ddp import comm_hook, init_process_group
-from .functions import (allgather, allgather_object, broadcast_object,
-                        broadcast_optimizer_state, broadcast_parameters)
-from .ops import (Adasum, Average, HorovodInternalError, Max, Min, Product, Sum, allreduce,
-                  allreduce_, allreduce_async, allreduce_async_, alltoall, barrier, broadcast,
-                  broadcast_, broadcast_async, broadcast_async_, grouped_allreduce,
-                  grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_, join,
-                  poll, reducescatter, synchronize)
-from .optimizer import DistributedOptimizer
+from .engine import HorovodInternalError
+from .ops import Adasum, Average, Max, Min, Product, Sum
+from .process_sets import ProcessSet, global_process_set
+from . import functions as _functions
+from . import optimizer as _optimizer
+
+
+def _public(native):
+    """``native``, or the same function of the backend ``init`` chose (Horovod's)."""
+    name = native.__name__
+
+    @wraps(native)
+    def call(*args, **kwargs):
+        chosen = backend()
+        if chosen is None:
+            return native(*args, **kwargs)
+        return getattr(chosen, name)(*args, **kwargs)
+    return call
+
+
+_DISPATCHED = [
+    "add_process_set", "allgather", "allgather_async", "allgather_object", "allreduce",
+    "allreduce_", "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async",
+    "barrier", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
+    "broadcast_object", "grouped_allgather", "grouped_allgather_async", "grouped_allreduce",
+    "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_",
+    "grouped_reducescatter", "grouped_reducescatter_async", "join", "poll", "reducescatter",
+    "reducescatter_async", "remove_process_set", "sparse_allreduce_async", "synchronize",
+    "start_timeline", "stop_timeline",
+]
+for _name in _DISPATCHED:
+    globals()[_name] = _public(getattr(_ops, _name))
+broadcast_parameters = _public(_functions.broadcast_parameters)
+broadcast_optimizer_state = _public(_functions.broadcast_optimizer_state)
+DistributedOptimizer = _public(_optimizer.DistributedOptimizer)
+
+
+def __getattr__(name):
+    from .sync_batch_norm import SyncBatchNorm
+
+    if name == "SyncBatchNorm":
+        return SyncBatchNorm
+    if name == "elastic":
+        raise NotImplementedError(
+            "hpctrain.torch does not support elastic training (hvd.elastic): it needs "
+            "Horovod's own launcher (horovodrun) and its Gloo controller; run with "
+            "HPCTRAIN_ALLREDUCE=horovod under horovodrun, or checkpoint and restart the job "
+            "(hpctrain train --resume)")
+    raise AttributeError(f"module 'hpctrain.torch' has no attribute {name!r}")
+
 
 __all__ = [
     "Adasum", "Average", "Compression", "DistributedOptimizer", "HorovodInternalError", "Max",
-    "Min", "Product", "Sum", "algorithm", "allgather", "allgather_object", "allreduce",
-    "allreduce_", "allreduce_async", "allreduce_async_", "alltoall", "barrier", "broadcast",
-    "broadcast_", "broadcast_async", "broadcast_async_", "broadcast_object",
-    "broadcast_optimizer_state", "broadcast_parameters", "comm_hook", "cross_rank",
-    "cross_size", "cuda_built", "gloo_built", "grouped_allreduce", "grouped_allreduce_",
-    "grouped_allreduce_async", "grouped_allreduce_async_", "init", "init_process_group",
-    "is_initialized", "join", "local_rank", "local_size", "mpi_built",
-    "mpi_threads_supported", "nccl_built", "poll", "rank", "reducescatter", "shutdown",
-    "size", "synchronize",
+    "Min", "ProcessSet", "Product", "Sum", "SyncBatchNorm", "algorithm",
+    "broadcast_optimizer_state", "broadcast_parameters", "ccl_built", "comm_hook",
+    "cross_rank", "cross_size", "cuda_built", "ddl_built", "gloo_built", "gloo_enabled",
+    "global_process_set", "init", "init_process_group", "is_homogeneous", "is_initialized",
+    "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported",
+    "nccl_built", "rank", "rocm_built", "shutdown", "size", *_DISPATCHED,
 ]

@@ -1,24 +1,24 @@
-"""Start-up, the world, and the one communication thread every operation goes through.
+"""Start-up, the world, and the backend every call goes through.
 
-``init(comm=None, allreduce=None)`` is collective over ``comm`` (default ``COMM_WORLD``).
-The allreduce algorithm is, in order: the ``allreduce=`` argument, the environment variable
-``HPCTRAIN_ALLREDUCE``, else ``ring``; the names are those of
+``init(comm=None, process_sets=None, allreduce=None)`` is collective over ``comm`` (default
+``COMM_WORLD``). The allreduce algorithm is, in order: the ``allreduce=`` argument, the
+environment variable ``HPCTRAIN_ALLREDUCE``, else ``ring``; the names are those of
 ``hpctrain.collectives.available()``, or ``auto`` (chosen per bucket size from the profile
-given to ``hpctrain.collectives.auto.use``). With ``horovod`` every operation is handed to the real
-``horovod.torch``.
+given to ``hpctrain.collectives.auto.use``). The other collectives use the algorithm of their
+own family that goes with it (``hpctrain.collectives.companion``: ring with ring, butterfly
+with recursive doubling and halving, ...).
 
-Every collective of this package runs on one background thread, in the order the calls were
-made (a FIFO queue), on a private duplicate of ``comm``: so one rank's collectives can never
-be matched with the user's own messages, and the main thread never calls MPI while the
-thread does (``MPI_THREAD_SERIALIZED`` is enough). Horovod matches operations by name, so
-its ranks may issue them in any order; here every rank must issue them in the same order,
-and a mismatch of name, shape or dtype is detected and raised on every rank.
+The backend is chosen here, once: hpctrain's own engine (:mod:`hpctrain.torch.engine`, one
+communication thread that pairs operations across ranks by name, as Horovod does), or, for
+``horovod``, the real ``horovod.torch``, to which every call of the package is handed.
 """
 
+import atexit
 import os
-import queue
 import threading
 
+from .engine import Engine
+from .process_sets import ProcessSet, global_process_set
 from ..runtime import guard
 
 ENV_ALLREDUCE = "HPCTRAIN_ALLREDUCE"
@@ -28,13 +28,15 @@ _STATE = {}
 
 
 class World:
-    """What ``init`` sets up: the communicators, the ranks and the algorithm."""
+    """What ``init`` sets up: the communicators, the ranks, the algorithm, the process sets
+    and the engine (or the Horovod module every call is handed to)."""
 
     def __init__(self, comm, algo):
         from mpi4py import MPI
 
         self.user_comm = comm
-        self.comm = comm.Dup()
+        self.comm = comm.Dup()              # the engine's negotiations
+        self.data_comm = comm.Dup()         # the global set's collectives
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         self.local_rank, self.local_size = local.Get_rank(), local.Get_size()
@@ -43,14 +45,86 @@ class World:
         local.Free()
         cross.Free()
         self.algo = algo
-        self.engine = Engine()
         self.hvd = None
-        self.pending_names = set()   # names of queued operations not yet synchronised
+        self._names = {}                    # (set id, prefix) -> next number
+        self._names_lock = threading.Lock()
+        self._next_set = 1
+        self._cuda_aware = None
+        global_process_set._register(0, list(range(self.size)), self.data_comm, self.rank)
+        self.sets = {0: global_process_set}
+        from .ops.allreduce import joined_allreduce
 
-    def close(self):
-        """Stop the thread and free the communicator (collective)."""
-        self.engine.close()
-        self.comm.Free()
+        self.engine = Engine(self.comm, self.sets, {"allreduce": joined_allreduce(self)})
+
+    def next_name(self, set_id, prefix="noname"):
+        """The name of this rank's next unnamed operation of set ``set_id``: the same on
+        every rank that makes its calls in the same order."""
+        with self._names_lock:
+            number = self._names.get((set_id, prefix), 0)
+            self._names[(set_id, prefix)] = number + 1
+        return f"{prefix}.{number}"
+
+    def algorithm_for(self, collective):
+        """The algorithm of ``collective`` that goes with this world's allreduce."""
+        from .. import collectives
+
+        return collectives.companion(collective, self.algo)
+
+    @property
+    def cuda_aware(self):
+        """True when device memory may be handed to this MPI (asked once)."""
+        if self._cuda_aware is None:
+            from ..mpi_support import cuda_awareness
+
+            self._cuda_aware = cuda_awareness(self.user_comm).aware is True
+        return self._cuda_aware
+
+    def resolve_ranks(self, pset):
+        """The world ranks of ``pset`` (translating a communicator's group)."""
+        if pset.ranks is not None:
+            bad = [r for r in pset.ranks if not 0 <= r < self.size]
+            if bad or not pset.ranks:
+                raise ValueError(f"a process set needs ranks from 0 to {self.size - 1}, got "
+                                 f"{pset.ranks}")
+            return pset.ranks
+        group = pset.mpi_comm.Get_group()
+        ranks = group.Translate_ranks(list(range(group.Get_size())),
+                                      self.user_comm.Get_group())
+        return sorted(ranks)
+
+    def register_set(self, pset, ranks):
+        """On the communication thread, on every rank: number ``pset`` and make its
+        communicator (``Split`` of the world: a collective of every rank)."""
+        from mpi4py import MPI
+
+        for other in self.sets.values():
+            if other.ranks == list(ranks):
+                raise ValueError(f"a process set with ranks {list(ranks)} exists already: "
+                                 f"{other}")
+        member = self.rank in ranks
+        comm = self.comm.Split(0 if member else MPI.UNDEFINED, key=self.rank)
+        set_id, self._next_set = self._next_set, self._next_set + 1
+        pset._register(set_id, list(ranks), comm if member else None, self.rank)
+        self.sets[set_id] = pset
+        return pset
+
+    def unregister_set(self, set_id):
+        """On the communication thread: forget set ``set_id`` and free its communicator."""
+        pset = self.sets.pop(set_id)
+        if pset.comm is not None:
+            pset.comm.Free()            # frees the collectives' context of it too
+        pset._forget()
+        return True
+
+    def close(self, wait=True):
+        """Stop the engine on every rank and free the communicators."""
+        self.engine.close(wait)
+        if wait:
+            for set_id in [s for s in self.sets if s]:
+                self.unregister_set(set_id)
+            global_process_set._forget()
+            self.data_comm.Free()
+            self.comm.Free()
 
 
 def choose_algorithm(allreduce):
@@ -76,18 +150,20 @@ def choose_algorithm(allreduce):
     return allreduce
 
 
-def init(comm=None, allreduce=None):
+def init(comm=None, process_sets=None, allreduce=None):
     """Start hpctrain.torch over ``comm`` (an mpi4py communicator, default ``COMM_WORLD``).
 
     Synchronisation point: collective over ``comm``. A second call does nothing (as in
-    Horovod). ``allreduce`` picks the algorithm; see the module docstring.
+    Horovod). ``process_sets``: :class:`ProcessSet` objects to register now, in order (the
+    same on every rank), or ``"dynamic"`` (sets may be added later either way).
+    ``allreduce`` picks the algorithm; see the module docstring.
 
     It also installs the guard of ``python -m hpctrain`` (:func:`hpctrain.runtime.guard`): an
     exception that no code catches, on any rank, prints that rank's traceback and ends every
     rank (``MPI_Abort``), where Horovod would leave the others waiting in their next
     collective. ``HPCTRAIN_ABORT_ON_ERROR=0`` leaves ``sys.excepthook`` as it was.
     """
-    if _STATE:
+    if "world" in _STATE:
         return
     guard()
     algo = choose_algorithm(allreduce)
@@ -95,14 +171,24 @@ def init(comm=None, allreduce=None):
 
     if isinstance(comm, (list, tuple)):
         raise NotImplementedError("init(comm=[ranks]) (a subset of ranks) is not supported: "
-                                  "pass an mpi4py communicator made with Comm.Split")
+                                  "pass an mpi4py communicator made with Comm.Split, or use "
+                                  "process sets (init(process_sets=[hvd.ProcessSet(ranks)]))")
+    sets = [] if process_sets in (None, "dynamic") else list(process_sets)
+    if not all(isinstance(s, ProcessSet) for s in sets):
+        raise ValueError(f"init(process_sets=...) takes a list of hvd.ProcessSet, got "
+                         f"{process_sets!r}")
     world = World(MPI.COMM_WORLD if comm is None else comm, algo)
-    if algo == "horovod":
-        import horovod.torch as hvd
-
-        hvd.init(comm=world.user_comm)
-        world.hvd = hvd
     _STATE["world"] = world
+    if algo == "horovod":
+        from .horovod_backend import HorovodBackend
+
+        world.hvd = HorovodBackend(world)
+    if not _STATE.get("atexit"):
+        _STATE["atexit"] = atexit.register(shutdown)
+    from .ops.control import add_process_set
+
+    for pset in sets:
+        add_process_set(pset)
 
 
 def world():
@@ -113,13 +199,21 @@ def world():
     return started
 
 
+def backend():
+    """What the public functions call: ``None`` for hpctrain's own operations, else the
+    :class:`~hpctrain.torch.horovod_backend.HorovodBackend` chosen by ``init``."""
+    started = _STATE.get("world")
+    return None if started is None else started.hvd
+
+
 def is_initialized():
     """True between ``init`` and ``shutdown``."""
     return "world" in _STATE
 
 
 def shutdown():
-    """Stop the communication thread and free the communicator; ``init`` may follow again."""
+    """Stop the communication thread on every rank and free the communicators; ``init``
+    may follow again. Operations other ranks are still waiting for fail there."""
     started = _STATE.pop("world", None)
     if started is not None:
         if started.hvd is not None:
@@ -129,11 +223,11 @@ def shutdown():
 
 def abandon():
     """After a failure: forget the world without waiting for its thread, which may be
-    blocked in a collective that other ranks will never join (the job is ending, or every
+    blocked in a negotiation that other ranks will never join (the job is ending, or every
     rank failed together and may ``init`` again)."""
     started = _STATE.pop("world", None)
     if started is not None:
-        started.engine.close(wait=False)
+        started.close(wait=False)
         if started.hvd is not None:
             started.hvd.shutdown()
 
@@ -202,68 +296,32 @@ def mpi_threads_supported():
     return MPI.Query_thread() == MPI.THREAD_MULTIPLE
 
 
-class Handle:
-    """One queued operation: ``wait()`` returns its result or raises its error."""
-
-    __slots__ = ("run", "result", "error", "done", "name", "event")
-
-    def __init__(self, run, name=None):
-        self.run, self.name = run, name
-        self.result = self.error = self.event = None
-        self.done = threading.Event()
-
-    def wait(self):
-        """Block until the operation has run; return its result or raise its error."""
-        self.done.wait()
-        if self.error is not None:
-            raise self.error
-        return self.result
+def mpi_enabled():
+    """True: every operation runs over MPI."""
+    return True
 
 
-class Engine:
-    """One thread that runs queued operations in submission order."""
+def gloo_enabled():
+    """False: hpctrain has no Gloo controller."""
+    return False
 
-    def __init__(self):
-        self._queue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._serve, name="hpctrain-comm", daemon=True)
-        self._thread.start()
 
-    def submit(self, run, name=None):
-        """Queue ``run()``; return its :class:`Handle`."""
-        handle = Handle(run, name)
-        self._queue.put(handle)
-        return handle
+def ccl_built():
+    """False: no oneCCL."""
+    return False
 
-    @staticmethod
-    def run_here(run, name=None):
-        """Run ``run()`` on the calling thread now; return its finished :class:`Handle`.
 
-        Only where no other rank takes part (one rank), so that order cannot matter: it
-        saves the hand-over to the thread, which costs more than the work there.
-        """
-        handle = Handle(run, name)
-        try:
-            handle.result = run()
-        except BaseException as exc:  # noqa: B036 - re-raised by wait(), as from the thread
-            handle.error = exc
-        handle.done.set()
-        return handle
+def ddl_built():
+    """False: no IBM DDL."""
+    return False
 
-    def _serve(self):
-        while True:
-            handle = self._queue.get()
-            if handle is None:
-                return
-            try:
-                handle.result = handle.run()
-            except BaseException as exc:  # noqa: B036 - re-raised by wait() on the caller
-                # The caller would otherwise wait for ever on an operation that failed here.
-                handle.error = exc
-            finally:
-                handle.done.set()
 
-    def close(self, wait=True):
-        """Stop the thread after what is queued (``wait=False``: do not join it)."""
-        self._queue.put(None)
-        if wait:
-            self._thread.join()
+def rocm_built():
+    """False: no ROCm build."""
+    return False
+
+
+def is_homogeneous():
+    """True when every node runs the same number of ranks."""
+    w = world()
+    return w.size % w.local_size == 0 and w.cross_size * w.local_size == w.size

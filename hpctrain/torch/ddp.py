@@ -22,7 +22,9 @@ import torch
 
 from .basics import world
 from ..errors import UsageError
-from .ops import Average, reduce_flat, resolve_op
+from .ops.allreduce import bucket_signature, reduce_flat
+from .ops.common import Average, resolve_op, submit
+from .process_sets import global_process_set
 
 SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's IPv4 address
 
@@ -36,11 +38,13 @@ def init_process_group(backend="gloo", timeout_s=300):
     """
     import torch.distributed as dist
 
-    from .ops import run_on_thread
+    from .ops.broadcast import object_call
 
     w = world()
     timeout = datetime.timedelta(seconds=timeout_s)
-    store = rendezvous(w.comm, timeout, lambda call, what: run_on_thread(w, call, what))
+    store = rendezvous(w.data_comm, timeout,
+                       lambda call, what: object_call(f"rendezvous {what}", None, None,
+                                                      lambda comm: call()))
     dist.init_process_group(backend, store=store, rank=w.rank, world_size=w.size,
                             timeout=timeout)
 
@@ -152,11 +156,11 @@ class CommHook:
             event = torch.cuda.Event()
             event.record(torch.cuda.current_stream(tensor.device))
 
-        def run():
+        def run(comm, infos, joined):
             try:
                 if event is not None:
                     torch.cuda.current_stream(tensor.device).wait_event(event)
-                reduce_flat(self.world, tensor, self.op)
+                reduce_flat(comm, self.world.algo, tensor, self.op)
                 if tensor.is_cuda:
                     torch.cuda.current_stream(tensor.device).synchronize()
                 self.buckets += 1
@@ -165,5 +169,10 @@ class CommHook:
             except BaseException as exc:  # noqa: B036 - handed to DDP through the future
                 future.set_exception(exc)
 
-        self.world.engine.submit(run)
+            return None
+
+        w = self.world
+        name = w.next_name(0, "ddp.bucket")
+        submit(w, global_process_set, name, bucket_signature(tensor, self.op),
+               f"DDP bucket {name} of {tensor.numel()} elements", run)
         return future

@@ -37,8 +37,10 @@ import torch
 from .basics import world
 from .buckets import FlatBuffer, assign_buckets
 from .compression import Compression
-from .ops import Average, Sum, agree, caller_event, reduce_flat, resolve_op, signature, \
-    unsupported, wait_event
+from .ops.allreduce import bucket_signature, reduce_flat
+from .ops.common import Average, Sum, caller_event, member_set, resolve_op, submit, \
+    wait_event
+from .process_sets import global_process_set
 
 #: Default bucket size (MB), DDP's ``bucket_cap_mb``.
 BUCKET_MB = 25.0
@@ -61,9 +63,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     """The methods mixed into the user's optimizer class by :func:`DistributedOptimizer`."""
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
-                 gradient_predivide_factor, bucket_mb, overlap):
+                 gradient_predivide_factor, bucket_mb, overlap, process_set):
         super(self.__class__, self).__init__(params)
         self._world = world()
+        self._process_set = member_set(self._world, process_set, "DistributedOptimizer")
+        # Buckets are named after the optimizer: the n-th optimizer made on every rank.
+        self._name = self._world.next_name(0, "DistributedOptimizer")
         self._compression = compression
         self._op = op
         self._predivide = float(gradient_predivide_factor)
@@ -71,7 +76,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._overlap = overlap
         self._should_synchronize = True
         self._synchronized = False
-        self._checked = False
         self._lock = threading.Lock()     # autograd may run hooks on its device threads
         self.comm_seconds = 0.0
         # Called on the communication thread before each bucket's reduction (fault tests).
@@ -85,7 +89,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._next = 0
         # Over one rank an average, sum, min or max changes nothing: no bucket is filled.
         self._identity = (compression is Compression.none and self._predivide == 1.0)
-        self._skip = self._world.size == 1 and self._identity
+        self._skip = self._process_set.size() == 1 and self._identity
         self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready)
                        for p in self._where]
 
@@ -112,22 +116,29 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # In bucket order only: a later bucket that filled first waits for the earlier ones.
         while self._next < len(self._buckets) and self._buckets[self._next].pending == 0:
             bucket = self._buckets[self._next]
-            engine = self._world.engine
-            reduce = self._reducer(bucket)
-            bucket.handle = (engine.run_here(reduce) if self._world.size == 1
-                             else engine.submit(reduce))
+            flat = bucket.buffer.flat
+            wire = self._compression.compress(flat[:0])[0]
+            op, prescale, postscale = self._op, 1.0, 1.0
+            if self._op == Average and self._predivide != 1.0:
+                op, prescale = Sum, 1.0 / self._predivide
+                postscale = self._predivide / self._process_set.size()
+            # The parameter names are part of what must match: equal layouts make every
+            # rank's bucket collectives match.
+            names = zlib.crc32("\n".join(bucket.names).encode())
+            signature = bucket_signature(wire.new_empty(flat.shape), op, prescale, postscale,
+                                         names, self._passes)
+            bucket.handle = submit(self._world, self._process_set,
+                                   f"{self._name}.bucket.{bucket.index}", signature,
+                                   f"DistributedOptimizer bucket {bucket.index} "
+                                   f"({flat.numel()} elements of {', '.join(bucket.names[:3])}"
+                                   f"{', ...' if len(bucket.names) > 3 else ''})",
+                                   self._reducer(bucket, op, prescale, postscale))
             self._next += 1
 
-    def _reducer(self, bucket):
-        w, first = self._world, not self._checked
-        self._checked = True
-        mine = self._layout() if first else None
+    def _reducer(self, bucket, op, prescale, postscale):
+        algo = self._world.algo
 
-        def run():
-            if first:
-                # Once: equal layouts make every rank's bucket collectives match.
-                agree(w, mine, f"DistributedOptimizer with {len(self._buckets)} buckets of "
-                               f"{[b.buffer.flat.numel() for b in self._buckets]} elements")
+        def run(comm, infos, joined):
             if self.before_reduce is not None:
                 self.before_reduce()
             wait_event(bucket.event, bucket.params)
@@ -135,27 +146,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             # The copy into the bucket runs here, beside backward, not in the hook: torch
             # copies without the GIL, so it takes the other core while autograd goes on.
             bucket.buffer.pack([p.grad for p in bucket.params])
-            self._reduce(bucket.buffer.flat)
+            flat = bucket.buffer.flat
+            wire, ctx = self._compression.compress(flat)
+            reduce_flat(comm, algo, wire, op, prescale, postscale)
+            if wire is not flat:
+                flat.copy_(self._compression.decompress(wire, ctx))
             self.comm_seconds += time.perf_counter() - start
             return caller_event(bucket.params[:1])
 
         return run
-
-    def _layout(self):
-        sizes = [b.buffer.flat for b in self._buckets]
-        names = "\n".join(n for b in self._buckets for n in b.names)
-        return signature("DistributedOptimizer", names, sizes, self._op, self._passes,
-                         zlib.crc32(repr(self._predivide).encode()))
-
-    def _reduce(self, flat):
-        w = self._world
-        wire, ctx = self._compression.compress(flat)
-        if self._op == Average and self._predivide != 1.0:
-            reduce_flat(w, wire, Sum, 1.0 / self._predivide, self._predivide / w.size)
-        else:
-            reduce_flat(w, wire, self._op)
-        if wire is not flat:
-            flat.copy_(self._compression.decompress(wire, ctx))
 
     # --- after backward ----------------------------------------------------------------------
 
@@ -258,7 +257,8 @@ def _name_parameters(param_groups, named_parameters):
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
-                         num_groups=0, groups=None, sparse_as_dense=False, process_set=None,
+                         num_groups=0, groups=None, sparse_as_dense=False,
+                         process_set=global_process_set,
                          bucket_mb=BUCKET_MB, overlap=True):
     """Wrap ``optimizer`` so that ``step()`` uses gradients averaged over all ranks.
 
@@ -268,26 +268,19 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     ``overlap=False`` reduces every bucket in ``synchronize()`` instead of during backward.
     Every rank must build the same model (checked at the first step, on every rank).
     """
-    w = world()
+    world()
     op = resolve_op(None, op)
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
-    if process_set is not None:
-        raise unsupported("process sets", "pass a communicator made with Comm.Split to init")
     if backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step must be >= 1, got "
                          f"{backward_passes_per_step}")
-    if w.hvd is not None:
-        return w.hvd.DistributedOptimizer(
-            optimizer, named_parameters=named_parameters, compression=compression,
-            backward_passes_per_step=backward_passes_per_step, op=op,
-            gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
-            groups=groups, sparse_as_dense=sparse_as_dense)
     del num_groups, groups, sparse_as_dense     # fusion is by bucket size here
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     wrapped = cls(optimizer.param_groups, named_parameters, compression,
-                  backward_passes_per_step, op, gradient_predivide_factor, bucket_mb, overlap)
+                  backward_passes_per_step, op, gradient_predivide_factor, bucket_mb, overlap,
+                  process_set)
     wrapped.state = optimizer.state       # keep any state the optimizer already has
     return wrapped
 

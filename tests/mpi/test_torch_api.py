@@ -261,10 +261,18 @@ def test_duplicate_and_missing_names_are_refused(algo, comm):
 
 def test_a_name_still_in_flight_is_refused(algo, comm):
     ours(algo)
-    handle = hvd.allreduce_async(torch.ones(2), name="dup")
-    with pytest.raises(ValueError, match="same name"):
-        hvd.allreduce_async(torch.ones(2), name="dup")
-    hvd.synchronize(handle)
+    if comm.size == 1:
+        pytest.skip("with one rank an operation is in flight for microseconds only")
+    # Rank 0's "dup" stays in flight until the others ask for it, after the barrier (which
+    # is paired by its own name, so it does not wait for "dup").
+    if comm.rank == 0:
+        handle = hvd.allreduce_async(torch.ones(2), name="dup")
+        with pytest.raises(ValueError, match="same name"):
+            hvd.allreduce_async(torch.ones(2), name="dup")
+    hvd.barrier()
+    if comm.rank != 0:
+        handle = hvd.allreduce_async(torch.ones(2), name="dup")
+    all_ranks(comm, torch.equal(hvd.synchronize(handle), torch.ones(2)))
 
 
 @pytest.mark.parametrize("what", ["shape", "dtype", "root"])
@@ -293,16 +301,12 @@ def test_a_bad_argument_on_one_rank_fails_every_rank(algo, comm):
     hvd.barrier()
 
 
-@pytest.mark.parametrize("call", [
-    lambda: hvd.allreduce(torch.ones(2), op=hvd.Adasum),
-    lambda: hvd.alltoall(torch.ones(2)),
-    lambda: hvd.join(),
-    lambda: hvd.allreduce(torch.ones(2), process_set=object()),
-])
-def test_what_is_not_supported_says_so(algo, comm, call):
+def test_what_is_not_supported_says_so(algo, comm):
     ours(algo)
-    with pytest.raises(NotImplementedError, match="does not support"):
-        call()
+    with pytest.raises(NotImplementedError, match="does not support elastic training"):
+        hvd.elastic
+    with pytest.raises(TypeError, match="process_set must be an hvd.ProcessSet"):
+        hvd.allreduce(torch.ones(2), process_set=object())
     hvd.barrier()
 
 

@@ -1,0 +1,393 @@
+"""The communication thread: operations are paired across ranks by name, then run in one order.
+
+Horovod lets ranks issue their collectives in any order: an operation runs once every rank
+of its process set has asked for the same name. The engine does the same with one thread
+per rank and one *negotiation* per cycle over the world's private communicator:
+
+1. the thread takes every request queued on this rank since the last cycle;
+2. ``Iallgather`` of how many bytes of requests each rank has (polled with short sleeps,
+   so that a thread waiting for a slow rank does not spin a core), then, only if any rank
+   has some, ``Allgatherv`` of the pickled requests themselves;
+3. every rank adds the same requests to the same table, in the same order (rank order,
+   then submission order), so every rank finds the same operations ready, in the same
+   order, and runs them one after another: no two ranks can wait in different collectives;
+4. an operation whose ranks asked with different signatures (shape, dtype, op, root, ...)
+   fails on every rank that asked, with what each rank passed; a name already in flight
+   on this rank is refused at once, before it is queued.
+
+Joined ranks (:func:`hpctrain.torch.join`) count as having asked for every allreduce, which
+they join with zeros; other operations fail on every rank while a rank has joined. A
+``shutdown`` from any rank ends every rank's thread after the cycle that carries it, and
+every operation still waiting fails there with :class:`HorovodInternalError`, as in
+Horovod: no rank is left waiting for one that has gone.
+"""
+
+import os
+import pickle
+import queue
+import threading
+import time
+from collections import OrderedDict
+
+import numpy as np
+
+#: Seconds between negotiations (``HPCTRAIN_CYCLE_TIME_MS``); see :meth:`Engine._take`.
+CYCLE_S = float(os.environ.get("HPCTRAIN_CYCLE_TIME_MS", "1")) / 1000
+#: Seconds between polls of a negotiation that other ranks have not joined yet.
+POLL_S = 0.0001
+#: Tests of a negotiation before the thread starts sleeping between them.
+SPINS = 200
+#: Seconds an operation may wait for other ranks before rank 0 names the missing ones
+#: (``HPCTRAIN_STALL_CHECK_S``; 0 turns the warning off), as Horovod's stall inspector.
+STALL_S = float(os.environ.get("HPCTRAIN_STALL_CHECK_S", "60"))
+
+
+class HorovodInternalError(RuntimeError):
+    """An operation failed on every rank that asked for it (mismatch, shutdown, join)."""
+
+
+class Handle:
+    """One operation of this rank: ``wait()`` returns its result or raises its error."""
+
+    __slots__ = ("result", "error", "done", "name", "set_id")
+
+    def __init__(self, name=None, set_id=0):
+        self.name, self.set_id = name, set_id
+        self.result = self.error = None
+        self.done = threading.Event()
+
+    def wait(self):
+        """Block until the operation has run; return its result or raise its error."""
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+    def finish(self, result=None, error=None):
+        """Complete the operation (called on the communication thread)."""
+        self.result, self.error = result, error
+        self.done.set()
+
+
+class Request:
+    """This rank's side of one operation.
+
+    ``signature``: what every rank must pass identically (compared across ranks);
+    ``info``: what may differ and the others need (an allgather's first dimension, an
+    alltoall's splits); ``describe``: the call in words, for error messages; ``run(comm,
+    infos, joined)``: the data phase on the communication thread, over the process set's
+    communicator, given every member's ``info`` in the set's rank order and the set ranks
+    that joined (they take part with zeros). ``invalid`` marks a request whose arguments
+    were bad here: the others fail with this rank's reason instead of waiting for it.
+    """
+
+    __slots__ = ("set_id", "name", "signature", "info", "describe", "run", "handle")
+
+    def __init__(self, set_id, name, signature, describe, run, info=None):
+        self.set_id, self.name, self.signature = set_id, name, signature
+        self.info, self.describe, self.run = info, describe, run
+        self.handle = Handle(name, set_id)
+
+    @property
+    def key(self):
+        """The (process set, name) pair that pairs this request with the other ranks'."""
+        return (self.set_id, self.name)
+
+
+INVALID = ("invalid",)
+
+
+def _label(name, signature):
+    """How the timeline shows an operation: named by its kind, as Horovod's."""
+    return f"{signature[0]}.{name}" if name.startswith("noname.") else name
+
+
+class _Entry:
+    """One operation in the table: which ranks asked, with what."""
+
+    __slots__ = ("signatures", "infos", "describes", "since")
+
+    def __init__(self):
+        self.signatures, self.infos, self.describes = {}, {}, {}
+        self.since = time.monotonic()
+
+
+class Engine:
+    """The negotiating communication thread of one world (see the module docstring).
+
+    ``comm``: the world's private communicator, used only by this thread; ``sets``: the
+    live process sets by id (this rank's communicator of each, ``None`` where it is not a
+    member) — read by the thread, so it is changed only by operations that run there.
+    """
+
+    def __init__(self, comm, sets, joined_runs, timeline=None):
+        self.comm, self.rank, self.size = comm, comm.Get_rank(), comm.Get_size()
+        self.sets = sets
+        self.joined_runs = joined_runs      # kind -> run(comm, signature) for a joined rank
+        self.timeline = timeline
+        self._queue = queue.SimpleQueue()
+        self._mine = {}                 # key -> Request of this rank, submitted, not yet run
+        self._table = OrderedDict()     # key -> _Entry, the same on every rank
+        self._joined = {}               # rank -> order of joining (the same on every rank)
+        self._join_handle = None
+        self._stalled = set()
+        self._started = 0.0             # when the last negotiation began (monotonic)
+        self._stop = threading.Event()
+        self._ended = None
+        self._thread = threading.Thread(target=self._serve, name="hpctrain-comm", daemon=True)
+        self._thread.start()
+
+    # ----- the caller's side ----------------------------------------------------------------
+
+    def submit(self, request):
+        """Queue ``request``; return its :class:`Handle`. ``ValueError`` (here, before
+        anything is queued) if this rank already has an operation of that name in flight."""
+        if self._ended is not None:
+            raise HorovodInternalError(self._ended)
+        if request.key in self._mine:
+            raise ValueError(f"Requested to {request.signature[0]} a tensor with the same "
+                             f"name as another tensor that is currently being processed: "
+                             f"{request.name!r}. Names in flight must be unique.")
+        self._mine[request.key] = request
+        if self.timeline is not None:
+            self.timeline.begin(_label(request.name, request.signature),
+                                f"NEGOTIATE_{request.signature[0].upper()}")
+        self._queue.put(request)
+        return request.handle
+
+    def join(self):
+        """This rank has no more data: take part in the others' allreduces with zeros until
+        every rank has joined; return the rank that joined last. Blocks."""
+        handle = Handle("join")
+        self._queue.put(("join", handle))
+        return handle.wait()
+
+    def close(self, wait=True):
+        """End the thread on every rank (after the cycle that carries this request);
+        ``wait=False``: stop this rank's thread without telling the others (the job is
+        ending)."""
+        if not wait:
+            self._stop.set()
+            return
+        if self._thread.is_alive():
+            self._queue.put(("shutdown", None))
+            self._thread.join()
+
+    @property
+    def alive(self):
+        """True while the thread serves requests."""
+        return self._thread.is_alive()
+
+    # ----- the communication thread ---------------------------------------------------------
+
+    def _serve(self):
+        reason = "Horovod has been shut down"
+        try:
+            while not self._stop.is_set():
+                mine = self._take()
+                gathered = self._exchange(mine)
+                if gathered is None:
+                    return              # stopped while waiting for the others
+                if self.timeline is not None and (mine or self._table):
+                    self.timeline.mark_cycle()
+                if self._merge(gathered):
+                    reason = ("Horovod has been shut down. This was caused by an exception on "
+                              "one of the ranks or an attempt to run a collective after one "
+                              "of the ranks finished execution.")
+                    break
+                self._run_ready()
+                self._warn_stalls()
+        except BaseException as exc:  # noqa: B036 - every waiting caller must hear of it
+            reason = f"the communication thread failed: {exc!r}"
+            raise
+        finally:
+            self._end(reason)
+
+    def _take(self):
+        """This rank's requests for the next negotiation.
+
+        While operations wait in the table (or a rank has joined), negotiations keep
+        Horovod's rhythm: one per cycle (``HPCTRAIN_CYCLE_TIME_MS``, 1 ms as Horovod's
+        ``HOROVOD_CYCLE_TIME``), gathering whatever is queued meanwhile into one exchange.
+        When nothing is in flight, this rank's first request starts a negotiation at once,
+        so a lone synchronous call does not wait for a cycle; an idle thread still takes
+        part in one negotiation per cycle, since another rank may have asked for something.
+        """
+        items = []
+        try:
+            if self._table or self._joined:
+                while True:
+                    remaining = self._started + CYCLE_S - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    items.append(self._queue.get(timeout=remaining))
+            else:
+                items.append(self._queue.get(timeout=CYCLE_S))
+            while True:
+                items.append(self._queue.get_nowait())
+        except queue.Empty:
+            pass
+        self._started = time.monotonic()
+        mine = []
+        for item in items:
+            if isinstance(item, Request):
+                mine.append(("op", item.set_id, item.name, item.signature, item.info,
+                             item.describe))
+            else:
+                kind, handle = item
+                if kind == "join":
+                    self._join_handle = handle
+                mine.append((kind,))
+        return mine
+
+    def _exchange(self, mine):
+        """Every rank's requests of this cycle, in rank order (``None`` if stopped)."""
+        from mpi4py import MPI
+
+        payload = pickle.dumps(mine, protocol=pickle.HIGHEST_PROTOCOL) if mine else b""
+        counts = np.zeros(self.size, dtype=np.int64)
+        request = self.comm.Iallgather(np.array([len(payload)], dtype=np.int64), counts)
+        # A few tests first (the others are often there already), then short sleeps, so
+        # that a thread waiting for a slow rank leaves the core to the computation.
+        spins = SPINS
+        while not request.Test():
+            if spins:
+                spins -= 1
+                continue
+            if self._stop.is_set():
+                return None
+            time.sleep(POLL_S)
+        if not counts.any():
+            return [[] for _ in range(self.size)]
+        data = np.empty(int(counts.sum()), dtype=np.uint8)
+        self.comm.Allgatherv(np.frombuffer(payload, dtype=np.uint8),
+                             [data, counts.tolist(), MPI.BYTE])
+        gathered, offset = [], 0
+        for count in counts.tolist():
+            gathered.append(pickle.loads(data[offset:offset + count].tobytes()) if count else [])
+            offset += count
+        return gathered
+
+    def _merge(self, gathered):
+        """Add every rank's requests to the table; True when a rank asked to shut down."""
+        shutdown = False
+        for rank, requests in enumerate(gathered):
+            for request in requests:
+                kind = request[0]
+                if kind == "op":
+                    _, set_id, name, signature, info, describe = request
+                    entry = self._table.get((set_id, name))
+                    if entry is None:
+                        entry = self._table[(set_id, name)] = _Entry()
+                    entry.signatures[rank] = signature
+                    entry.infos[rank] = info
+                    entry.describes[rank] = describe
+                elif kind == "join":
+                    self._joined[rank] = len(self._joined)
+                elif kind == "shutdown":
+                    shutdown = True
+        return shutdown
+
+    def _members(self, set_id):
+        """The world ranks of process set ``set_id``, in the set's rank order."""
+        return self.sets[set_id].ranks
+
+    def _run_ready(self):
+        """Run every operation that all its ranks asked for, in table order."""
+        for key in list(self._table):
+            entry = self._table[key]
+            members = self._members(key[0]) if key[0] in self.sets else None
+            if members is None:
+                self._fail_entry(key, entry, f"process set {key[0]} has been removed")
+                continue
+            joined = [r for r in members if r in self._joined and r not in entry.signatures]
+            if any(r not in entry.signatures and r not in joined for r in members):
+                continue
+            del self._table[key]
+            self._stalled.discard(key)
+            self._run_entry(key, entry, members, joined)
+        if self._joined and len(self._joined) == self.size:
+            last = max(self._joined, key=self._joined.get)
+            self._joined.clear()
+            handle, self._join_handle = self._join_handle, None
+            if handle is not None:
+                handle.finish(last)
+
+    def _run_entry(self, key, entry, members, joined):
+        signatures = set(entry.signatures.values())
+        if INVALID in signatures or len(signatures) > 1 or (
+                joined and next(iter(signatures))[0] not in self.joined_runs):
+            if joined and len(signatures) == 1 and INVALID not in signatures:
+                why = (f"{next(iter(signatures))[0]} cannot run while rank(s) "
+                       f"{', '.join(map(str, joined))} have joined (hvd.join): only allreduce "
+                       f"takes joined ranks' zeros")
+            else:
+                why = ("ranks made the same collective with different arguments (every rank "
+                       "must pass the same shape, dtype, op and root for one name): " +
+                       "; ".join(f"rank {r}: {d}" for r, d in sorted(entry.describes.items())))
+            self._fail_entry(key, entry, why)
+            return
+        request = self._mine.pop(key, None)
+        comm = self.sets[key[0]].comm
+        if request is None and self.rank not in joined:
+            return                      # not a member of this set
+        infos = [entry.infos.get(r) for r in members]
+        signature = next(iter(signatures))
+        timeline = self.timeline
+        try:
+            label = _label(key[1], signature)
+            if timeline is not None:
+                if request is not None:
+                    timeline.end(label, f"NEGOTIATE_{signature[0].upper()}")
+                timeline.begin(label, signature[0].upper())
+            if request is None:
+                self.joined_runs[signature[0]](comm, signature)
+            else:
+                request.handle.finish(request.run(comm, infos, [members.index(r)
+                                                                 for r in joined]))
+        except BaseException as exc:  # noqa: B036 - handed to the caller that waits
+            if request is None:
+                raise
+            request.handle.finish(error=exc)
+        finally:
+            if timeline is not None:
+                timeline.end(label, signature[0].upper())
+
+    def _fail_entry(self, key, entry, why):
+        self._table.pop(key, None)
+        self._stalled.discard(key)
+        request = self._mine.pop(key, None)
+        if request is not None:
+            request.handle.finish(error=HorovodInternalError(why))
+
+    def _warn_stalls(self):
+        if not STALL_S or self.rank != 0 or not self._table:
+            return
+        now = time.monotonic()
+        for key, entry in self._table.items():
+            if key in self._stalled or now - entry.since < STALL_S:
+                continue
+            self._stalled.add(key)
+            members = self._members(key[0]) if key[0] in self.sets else []
+            missing = [r for r in members if r not in entry.signatures and r not in self._joined]
+            print(f"[hpctrain] warning: {key[1]!r} has waited {now - entry.since:.0f} s for "
+                  f"rank(s) {', '.join(map(str, missing))}, which have not asked for it: a "
+                  f"rank that skips a collective, or issues it under another name, stalls "
+                  f"the others", flush=True)
+
+    def _end(self, reason):
+        """Fail every operation of this rank that will now never run."""
+        self._ended = reason
+        for request in list(self._mine.values()):
+            request.handle.finish(error=HorovodInternalError(reason))
+        self._mine.clear()
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            handle = item.handle if isinstance(item, Request) else item[1]
+            if handle is not None:
+                handle.finish(error=HorovodInternalError(reason))
+        if self._join_handle is not None:
+            self._join_handle.finish(error=HorovodInternalError(reason))

@@ -1,0 +1,112 @@
+"""Allgather: ``allgather(_async)``, ``grouped_allgather(_async)``, ``allgather_object``.
+
+Every rank's tensor is concatenated along dimension 0, in the process set's rank order; the
+first dimension may differ between ranks (each rank tells the others its own in the
+negotiation, so no extra message is needed), the other dimensions, the dtype and the device
+may not. Any dtype moves, bool included. The gradient of an allgather is, as in Horovod, the
+average of the incoming gradients over the ranks, of which each keeps its own rows: a
+reduce-scatter (``Average``) of the gradient.
+"""
+
+import math
+
+import torch
+
+from .common import (check_tensor, describe_tensors, dtype_name, on_thread, start, submit,
+                     synchronize, where)
+from ..process_sets import global_process_set
+
+
+def _check(tensors, function):
+    def check():
+        for t in tensors:
+            check_tensor(t, function, reduced=False)
+            if t.dim() == 0:
+                raise ValueError(f"hpctrain.torch.{function} takes tensors of at least one "
+                                 f"dimension (it concatenates along dimension 0), got a scalar")
+    return check
+
+
+def gather_into(comm, algo, tensors, rows):
+    """On the communication thread: the allgather of each tensor of ``tensors``, given the
+    rows of every rank (``rows[i][r]``: tensor i's first dimension on set rank r)."""
+    from ... import collectives
+
+    outputs = []
+    for i, tensor in enumerate(tensors):
+        counts = [r[i] for r in rows]
+        rest = tuple(tensor.shape[1:])
+        width = math.prod(rest)
+        out = torch.empty((sum(counts),) + rest, dtype=tensor.dtype, device=tensor.device)
+        if comm.Get_size() == 1:
+            out.copy_(tensor)
+        else:
+            collectives.allgather(tensor.detach().contiguous().view(-1), out.view(-1),
+                                  [c * width for c in counts], algo=algo, comm=comm)
+        outputs.append(out)
+    return outputs
+
+
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set,
+                            function="grouped_allgather_async", single=False):
+    """Queue the allgather of every tensor of ``tensors`` as one operation; return a handle
+    whose :func:`synchronize` gives the list of gathered tensors."""
+    if not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"hpctrain.torch.{function} takes a list of tensors")
+    tensors = list(tensors)
+    w, pset, name = start(function, name, process_set, _check(tensors, function))
+    algo = w.algorithm_for("allgather")
+
+    def work(comm, infos, joined):
+        outputs = gather_into(comm, algo, tensors, infos)
+        return outputs[0] if single else outputs
+
+    signature = ("allgather", tuple(dtype_name(t) for t in tensors),
+                 tuple(tuple(t.shape[1:]) for t in tensors), tuple(where(t) for t in tensors))
+    return submit(w, pset, name, signature, describe_tensors("allgather", name, tensors),
+                  on_thread(tensors, work), info=[t.shape[0] for t in tensors])
+
+
+def allgather_async(tensor, name=None, process_set=global_process_set):
+    """Queue the allgather of ``tensor``; return a handle for :func:`synchronize`."""
+    return grouped_allgather_async([tensor], name, process_set, "allgather_async", single=True)
+
+
+class _Allgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, process_set, name, *tensors):
+        ctx.process_set = process_set
+        ctx.rows = [t.shape[0] for t in tensors]
+        return tuple(synchronize(grouped_allgather_async(list(tensors), name, process_set)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        from .reducescatter import scatter_rows
+
+        return (None, None, *scatter_rows([g.contiguous() for g in grads], ctx.rows,
+                                          ctx.process_set))
+
+
+def grouped_allgather(tensors, name=None, process_set=global_process_set):
+    """Each tensor of ``tensors`` gathered from every rank (differentiable), as one
+    collective of ``process_set``."""
+    if isinstance(tensors, (list, tuple)) and any(isinstance(t, torch.Tensor) and
+                                                  t.requires_grad for t in tensors):
+        return list(_Allgather.apply(process_set, name, *tensors))
+    return synchronize(grouped_allgather_async(tensors, name, process_set))
+
+
+def allgather(tensor, name=None, process_set=global_process_set):
+    """Every rank's ``tensor`` concatenated along dimension 0 (differentiable). A collective."""
+    if isinstance(tensor, torch.Tensor) and tensor.requires_grad:
+        return _Allgather.apply(process_set, name, tensor)[0]
+    return synchronize(grouped_allgather_async([tensor], name, process_set, "allgather",
+                                               single=True))
+
+
+def allgather_object(obj, name=None, process_set=global_process_set):
+    """Every rank's ``obj`` (any picklable object), as a list in rank order. A collective."""
+    from .broadcast import object_call
+
+    return object_call("allgather_object", name, process_set,
+                       lambda comm: comm.allgather(obj))

@@ -1,0 +1,286 @@
+"""Allreduce: ``allreduce(_)(async(_))``, ``grouped_allreduce(_)(async(_))``, sparse allreduce.
+
+Semantics of Horovod 0.28: ``op`` defaults to ``Average``; ``average=`` is the old spelling
+(not both); an integer average is the sum divided by the number of ranks, truncated towards
+zero; ``prescale_factor`` and ``postscale_factor`` multiply before and after the reduction
+(integers scaled in float64, half precision in float32). ``Adasum`` is Horovod's adaptive
+summation (:mod:`hpctrain.collectives.adasum`, a power-of-two number of ranks). The
+gradient of an allreduce is the same allreduce of the gradient.
+
+The data phase is the algorithm chosen at ``init`` (:mod:`hpctrain.collectives`), over the
+process set's communicator.
+"""
+
+import torch
+
+from .common import (Adasum, Average, OP_NAMES, Sum, WIDENED, check_tensor, describe_tensors,
+                     dtype_name, on_thread, resolve_op, scaled, start, submit, synchronize,
+                     where)
+from ..compression import Compression
+from ..process_sets import global_process_set
+
+
+def reduce_flat(comm, algo, flat, op, prescale=1.0, postscale=1.0):
+    """Reduce the contiguous 1-D ``flat`` in place over ``comm`` with ``algo`` (no check)."""
+    scaled(flat, prescale)
+    size = comm.Get_size()
+    if size > 1:
+        if op == Adasum:
+            _adasum(comm, flat)
+        else:
+            _reduce(comm, algo, flat, op, size)
+    return scaled(flat, postscale)
+
+
+def _reduce(comm, algo, flat, op, size):
+    from ... import collectives
+
+    integer = not flat.dtype.is_floating_point
+    wide = WIDENED.get(flat.dtype)
+    work = flat.to(wide) if wide is not None else flat
+    if op == Average and integer:
+        # Horovod truncates an integer average towards zero; the collectives' "avg" floors.
+        collectives.allreduce(work, op="sum", algo=algo, comm=comm, check=False)
+        work.copy_(torch.div(work, size, rounding_mode="trunc"))
+    else:
+        collectives.allreduce(work, op=OP_NAMES[op], algo=algo, comm=comm, check=False)
+    if work is not flat:
+        flat.copy_(work)
+
+
+def _adasum(comm, flat):
+    from ...collectives.adasum import adasum_allreduce
+
+    adasum_allreduce(flat, comm)
+
+
+def joined_allreduce(w):
+    """The engine's part for a joined rank: the same allreduce, of zeros."""
+    def run(comm, signature):
+        shapes, dtypes, _, op, prescale, postscale = signature[1:7]
+        for shape, dtype in zip(shapes, dtypes):
+            zeros = torch.zeros(shape, dtype=getattr(torch, dtype)).view(-1)
+            reduce_flat(comm, w.algo, zeros, op, prescale, postscale)
+    return run
+
+
+def bucket_signature(flat, op, prescale=1.0, postscale=1.0, *extra):
+    """The signature of one flat buffer's allreduce (gradient buckets): the same fields as
+    a tensor's, so that a joined rank can take part with zeros; ``extra`` adds what else the
+    ranks must agree on (the bucket's parameter names, say)."""
+    return _signature("allreduce", [flat], op, prescale, postscale) + tuple(extra)
+
+
+def _signature(kind, tensors, op, prescale, postscale):
+    return (kind, tuple(tuple(t.shape) for t in tensors), tuple(dtype_name(t) for t in tensors),
+            tuple(where(t) for t in tensors), op, float(prescale), float(postscale))
+
+
+def _grouped_async(tensors, outputs, average, name, op, prescale_factor, postscale_factor,
+                   process_set, function):
+    """Queue the reduction of ``tensors`` into ``outputs`` (the same list: in place)."""
+    chosen = []
+    grouped = function.startswith("grouped")
+
+    def check():
+        if grouped and not isinstance(tensors, (list, tuple)):
+            raise TypeError(f"hpctrain.torch.{function} takes a list of tensors, got "
+                            f"{type(tensors).__name__}")
+        for t in tensors:
+            check_tensor(t, function)
+        chosen.append(resolve_op(average, op))
+        if chosen[0] == Adasum and any(not t.dtype.is_floating_point for t in tensors):
+            raise TypeError("op=Adasum takes floating-point tensors only")
+
+    w, pset, name = start(function, name, process_set, check)
+    op = chosen[0]
+    sources = list(tensors)
+    targets = sources if outputs is None else list(outputs)
+
+    def work(comm, infos, joined):
+        for out, source in zip(targets, sources):
+            if out is not source:
+                out.copy_(source.detach())
+        _reduce_tensors(comm, w.algo, targets, op, prescale_factor, postscale_factor)
+        return targets if grouped else targets[0]
+
+    kind = "allreduce"
+    return submit(w, pset, name, _signature(kind, sources, op, prescale_factor,
+                                            postscale_factor),
+                  describe_tensors(kind, name, sources, op=op), on_thread(sources, work))
+
+
+def _reduce_tensors(comm, algo, tensors, op, prescale, postscale):
+    """Reduce every tensor of ``tensors`` in place, one flat buffer per dtype and device."""
+    from ..buckets import FlatBuffer
+
+    groups = {}
+    for t in tensors:
+        groups.setdefault((t.dtype, t.device), []).append(t)
+    for group in groups.values():
+        if len(group) == 1 and group[0].is_contiguous():
+            reduce_flat(comm, algo, group[0].view(-1), op, prescale, postscale)
+            continue
+        packed = FlatBuffer(group)
+        packed.pack(group)
+        reduce_flat(comm, algo, packed.flat, op, prescale, postscale)
+        packed.unpack(group)
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                    postscale_factor=1.0, process_set=global_process_set):
+    """Queue an allreduce of ``tensor`` into a new tensor; return a handle for
+    :func:`synchronize`. A collective of ``process_set``, paired with the others by name."""
+    output = [torch.empty_like(tensor)] if isinstance(tensor, torch.Tensor) else None
+    return _grouped_async([tensor], output, average, name, op,
+                          prescale_factor, postscale_factor, process_set, "allreduce_async")
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                     postscale_factor=1.0, process_set=global_process_set):
+    """Queue an in-place allreduce of ``tensor``; return a handle."""
+    return _grouped_async([tensor], None, average, name, op, prescale_factor,
+                          postscale_factor, process_set, "allreduce_async_")
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+               postscale_factor=1.0, process_set=global_process_set):
+    """Reduce ``tensor`` in place over the ranks of ``process_set``; return it."""
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
+                                        postscale_factor, process_set))
+
+
+class _Allreduce(torch.autograd.Function):
+    """Allreduce with a gradient: the gradient is reduced the same way."""
+
+    @staticmethod
+    def forward(ctx, tensor, average, name, op, prescale, postscale, process_set):
+        ctx.args = (average, op, prescale, postscale, process_set)
+        return synchronize(allreduce_async(tensor, average, name, op, prescale, postscale,
+                                           process_set))
+
+    @staticmethod
+    def backward(ctx, grad):
+        average, op, prescale, postscale, process_set = ctx.args
+        reduced = allreduce(grad.contiguous(), average, None, Compression.none, op, prescale,
+                            postscale, process_set)
+        return reduced, None, None, None, None, None, None
+
+
+def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
+              prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+    """The reduction of ``tensor`` over the ranks of ``process_set``, in a new tensor
+    (differentiable). A collective; see the module docstring for the semantics."""
+    if not isinstance(tensor, torch.Tensor):
+        return synchronize(allreduce_async(tensor, average, name, op, prescale_factor,
+                                           postscale_factor, process_set))
+    wire, ctx = compression.compress(tensor)
+    if wire.requires_grad:
+        reduced = _Allreduce.apply(wire, average, name, op, prescale_factor, postscale_factor,
+                                   process_set)
+    else:
+        reduced = synchronize(allreduce_async(wire, average, name, op, prescale_factor,
+                                              postscale_factor, process_set))
+    return compression.decompress(reduced, ctx)
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0, process_set=global_process_set):
+    """Queue one allreduce of a list of tensors into new tensors; return a handle."""
+    outputs = ([torch.empty_like(t) if isinstance(t, torch.Tensor) else t for t in tensors]
+               if isinstance(tensors, (list, tuple)) else None)
+    return _grouped_async(tensors, outputs, average, name, op, prescale_factor,
+                          postscale_factor, process_set, "grouped_allreduce_async")
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0, process_set=global_process_set):
+    """Queue one in-place allreduce of a list of tensors; return a handle."""
+    return _grouped_async(tensors, None, average, name, op, prescale_factor,
+                          postscale_factor, process_set, "grouped_allreduce_async_")
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                       postscale_factor=1.0, process_set=global_process_set):
+    """Reduce a list of tensors in place, fused into one collective; return the list."""
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                postscale_factor, process_set))
+
+
+class _GroupedAllreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, average, name, op, prescale, postscale, process_set, *tensors):
+        ctx.args = (average, op, prescale, postscale, process_set)
+        return tuple(synchronize(grouped_allreduce_async(list(tensors), average, name, op,
+                                                         prescale, postscale, process_set)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        average, op, prescale, postscale, process_set = ctx.args
+        reduced = grouped_allreduce([g.contiguous() for g in grads], average, None,
+                                    Compression.none, op, prescale, postscale, process_set)
+        return (None, None, None, None, None, None, *reduced)
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0,
+                      process_set=global_process_set):
+    """The reductions of a list of tensors, in new tensors, as one collective
+    (differentiable)."""
+    if not isinstance(tensors, (list, tuple)) or not all(isinstance(t, torch.Tensor)
+                                                         for t in tensors):
+        return synchronize(grouped_allreduce_async(tensors, average, name, op,
+                                                   prescale_factor, postscale_factor,
+                                                   process_set))
+    pairs = [compression.compress(t) for t in tensors]
+    wires = [p for p, _ in pairs]
+    if any(t.requires_grad for t in wires):
+        reduced = _GroupedAllreduce.apply(average, name, op, prescale_factor,
+                                          postscale_factor, process_set, *wires)
+    else:
+        reduced = synchronize(grouped_allreduce_async(wires, average, name, op,
+                                                      prescale_factor, postscale_factor,
+                                                      process_set))
+    return [compression.decompress(r, c) for r, (_, c) in zip(reduced, pairs)]
+
+
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
+    """Queue the reduction of a sparse COO ``tensor`` (Horovod's allgather-based method):
+    every rank's indices and values are gathered and summed into one coalesced tensor,
+    divided by the number of ranks for ``Average``. Returns a handle whose
+    :func:`synchronize` gives the sparse result."""
+    from .allgather import allgather_async
+
+    if op not in (Average, Sum):
+        raise ValueError("sparse allreduce takes op=hvd.Average or hvd.Sum")
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
+        raise TypeError("sparse_allreduce_async takes a sparse COO tensor")
+    t = tensor.coalesce()
+    indices = t.indices().t().contiguous()
+    values = t.values().contiguous()
+    handles = (allgather_async(indices, f"{name}.indices", process_set),
+               allgather_async(values, f"{name}.values", process_set))
+    return _SparseHandle(handles, tensor, op, process_set)
+
+
+class _SparseHandle:
+    """Two allgathers (indices, values) that :func:`synchronize` turns into the sum."""
+
+    def __init__(self, handles, tensor, op, process_set):
+        self.handles, self.tensor, self.op, self.process_set = handles, tensor, op, process_set
+        self.done = _Both(handles)
+
+    def wait(self):
+        indices, values = (synchronize(h) for h in self.handles)
+        if self.op == Average:
+            values = values / self.process_set.size()
+        result = torch.sparse_coo_tensor(indices.t(), values, self.tensor.shape).coalesce()
+        return result, None
+
+
+class _Both:
+    def __init__(self, handles):
+        self.handles = handles
+
+    def is_set(self):
+        return all(h.done.is_set() for h in self.handles)

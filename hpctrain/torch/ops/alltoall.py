@@ -1,0 +1,110 @@
+"""Alltoall: ``alltoall(_async)``.
+
+Rank ``r`` cuts its tensor along dimension 0 into ``splits[0], splits[1], ...`` rows and
+sends block ``s`` to set rank ``s``; it receives, in rank order, the blocks the others cut
+for it. ``splits=None`` cuts into equal blocks (the rows must divide by the set's size).
+Each rank's splits travel in the negotiation, so every rank knows what it receives before
+any data moves. With ``splits`` given, the result is ``(tensor, received_splits)``. The
+gradient is the reverse alltoall of the gradient.
+"""
+
+import math
+
+import torch
+
+from .common import (check_tensor, describe_tensors, dtype_name, on_thread, start, submit,
+                     synchronize, where)
+from ..process_sets import global_process_set
+
+
+def _splits(tensor, splits, size, function):
+    """The rows for each rank, as a list of ints; errors say what would be right."""
+    rows = tensor.shape[0]
+    if splits is None:
+        if rows % size:
+            raise ValueError(f"hpctrain.torch.{function}: dimension 0 ({rows} rows) does not "
+                             f"divide by the {size} ranks; pass splits= (rows per rank)")
+        return [rows // size] * size
+    if isinstance(splits, torch.Tensor):
+        if splits.dtype not in (torch.int32, torch.int64) or splits.dim() != 1:
+            raise ValueError(f"hpctrain.torch.{function}: splits must be a 1-D int32 or int64 "
+                            f"tensor (or a list of ints), got {splits.dtype} of shape "
+                            f"{tuple(splits.shape)}")
+        splits = splits.tolist()
+    splits = list(splits)
+    if not all(isinstance(s, int) for s in splits):
+        raise ValueError(f"hpctrain.torch.{function}: splits must be integers, got {splits}")
+    if len(splits) != size:
+        raise ValueError(f"hpctrain.torch.{function}: splits has {len(splits)} entries; it "
+                         f"needs one per rank of the set ({size})")
+    if any(s < 0 for s in splits) or sum(splits) != rows:
+        raise ValueError(f"hpctrain.torch.{function}: splits {splits} must be non-negative "
+                         f"and add up to dimension 0 of the tensor ({rows})")
+    return splits
+
+
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set,
+                   function="alltoall_async"):
+    """Queue an alltoall of ``tensor``; ``synchronize`` gives ``(output, received_splits)``."""
+    box = []
+
+    def check():
+        check_tensor(tensor, function, reduced=False)
+        if tensor.dim() == 0:
+            raise ValueError(f"hpctrain.torch.{function} cuts dimension 0: a scalar has none")
+        pset = global_process_set if process_set is None else process_set
+        box.append(_splits(tensor, splits, pset.size(), function))
+
+    w, pset, name = start(function, name, process_set, check)
+    sends = box[0]
+    algo = w.algorithm_for("alltoall")
+
+    def work(comm, infos, joined):
+        from ... import collectives
+
+        me = comm.Get_rank()
+        received = [info[me] for info in infos]
+        rest = tuple(tensor.shape[1:])
+        width = math.prod(rest)
+        out = torch.empty((sum(received),) + rest, dtype=tensor.dtype, device=tensor.device)
+        if comm.Get_size() == 1:
+            out.copy_(tensor)
+        else:
+            collectives.alltoall(tensor.detach().contiguous().view(-1),
+                                 [s * width for s in sends], out.view(-1),
+                                 [r * width for r in received], algo=algo, comm=comm)
+        return out, torch.tensor(received, dtype=torch.int32)
+
+    signature = ("alltoall", dtype_name(tensor), tuple(tensor.shape[1:]), where(tensor))
+    return submit(w, pset, name, signature, describe_tensors("alltoall", name, [tensor]),
+                  on_thread([tensor], work), info=sends)
+
+
+class _Alltoall(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, splits, name, process_set):
+        ctx.process_set = process_set
+        out, received = synchronize(alltoall_async(tensor, splits, name, process_set))
+        ctx.received = received
+        ctx.mark_non_differentiable(received)
+        return out, received
+
+    @staticmethod
+    def backward(ctx, grad, _received_grad):
+        back, _ = synchronize(alltoall_async(grad.contiguous(), ctx.received, None,
+                                             ctx.process_set))
+        return back, None, None, None
+
+
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
+    """Scatter blocks of ``tensor`` to every rank and gather theirs (differentiable).
+
+    Returns the gathered tensor, and with ``splits`` given, also the received splits.
+    A collective of ``process_set``.
+    """
+    if isinstance(tensor, torch.Tensor) and tensor.requires_grad:
+        out, received = _Alltoall.apply(tensor, splits, name, process_set)
+    else:
+        out, received = synchronize(alltoall_async(tensor, splits, name, process_set,
+                                                   "alltoall"))
+    return out if splits is None else (out, received)

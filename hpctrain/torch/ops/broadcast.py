@@ -1,0 +1,126 @@
+"""Broadcast: ``broadcast(_)(async(_))``, ``broadcast_object``, and object collectives.
+
+``root_rank`` is a world rank, which must belong to the process set. The gradient of a
+broadcast is, as in Horovod, the average of the gradients over the ranks on the root and
+zero elsewhere.
+"""
+
+import torch
+
+from .common import (check_tensor, describe_tensors, dtype_name, on_thread, start, submit,
+                     synchronize, where)
+from ..process_sets import global_process_set
+
+
+def bcast_tensors(comm, tensors, root, cuda_aware):
+    """On the communication thread: set rank ``root``'s values into every tensor of
+    ``tensors``, over ``comm``.
+
+    Host tensors go to MPI as byte views (any dtype, no copy when contiguous); CUDA tensors
+    too when MPI is CUDA-aware, otherwise through a host copy: device memory is never handed
+    to a library that cannot read it.
+    """
+    if comm.Get_size() == 1:
+        return tensors
+    for tensor in tensors:
+        work = tensor.detach()
+        if work.is_cuda:
+            torch.cuda.current_stream(work.device).synchronize()
+            if not cuda_aware:
+                work = work.cpu()
+        if not work.is_contiguous():
+            work = work.contiguous()
+        if work.numel():
+            view = work.reshape(-1).view(torch.uint8)
+            comm.Bcast(view if view.is_cuda else view.numpy(), root=root)
+        if work.data_ptr() != tensor.data_ptr():
+            with torch.no_grad():
+                tensor.copy_(work)
+    return tensors
+
+
+def set_root(pset, root_rank, function):
+    """The set rank of world rank ``root_rank``; ``ValueError`` if it is not in the set."""
+    if not isinstance(root_rank, int) or root_rank not in pset.ranks:
+        raise ValueError(f"hpctrain.torch.{function}: root_rank {root_rank!r} is not a rank "
+                         f"of the process set: use one of {pset.ranks}")
+    return pset.ranks.index(root_rank)
+
+
+def _broadcast_async(tensor, output, root_rank, name, process_set, function):
+    box = []
+
+    def check():
+        check_tensor(tensor, function, reduced=False)
+        pset = global_process_set if process_set is None else process_set
+        box.append(set_root(pset, root_rank, function))
+
+    w, pset, name = start(function, name, process_set, check)
+    root = box[0]
+
+    def work(comm, infos, joined):
+        target = tensor if output is None else output
+        if output is not None and comm.Get_rank() == root:
+            output.copy_(tensor.detach())
+        return bcast_tensors(comm, [target], root, w.cuda_aware)[0]
+
+    signature = ("broadcast", tuple(tensor.shape), dtype_name(tensor), where(tensor), root_rank)
+    return submit(w, pset, name, signature,
+                  describe_tensors("broadcast", name, [tensor], root_rank=root_rank),
+                  on_thread([tensor], work))
+
+
+def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
+    """Queue a broadcast of ``root_rank``'s ``tensor`` into a new tensor; return a handle."""
+    output = torch.empty_like(tensor) if isinstance(tensor, torch.Tensor) else None
+    return _broadcast_async(tensor, output, root_rank, name, process_set, "broadcast_async")
+
+
+def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
+    """Queue an in-place broadcast of ``root_rank``'s ``tensor``; return a handle."""
+    return _broadcast_async(tensor, None, root_rank, name, process_set, "broadcast_async_")
+
+
+def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
+    """Overwrite ``tensor`` with ``root_rank``'s on every rank; return it. A collective."""
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+class _Broadcast(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.args = (root_rank, process_set)
+        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+
+    @staticmethod
+    def backward(ctx, grad):
+        from .allreduce import allreduce
+        from ..basics import world
+
+        root_rank, process_set = ctx.args
+        reduced = allreduce(grad.contiguous(), average=True, process_set=process_set)
+        if world().rank != root_rank:
+            reduced = torch.zeros_like(reduced)
+        return reduced, None, None, None
+
+
+def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
+    """``root_rank``'s ``tensor`` on every rank of the set, in a new tensor (differentiable)."""
+    if isinstance(tensor, torch.Tensor) and tensor.requires_grad:
+        return _Broadcast.apply(tensor, root_rank, name, process_set)
+    return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+
+
+def object_call(kind, name, process_set, call, extra=()):
+    """Run ``call(comm)`` (a pickled mpi4py collective) as one operation of the set."""
+    w, pset, name = start(kind, name, process_set, lambda: None)
+    return synchronize(submit(w, pset, name, (kind,) + tuple(extra), f"{kind}(name={name!r})",
+                              lambda comm, infos, joined: (call(comm), None)))
+
+
+def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
+    """``root_rank``'s ``obj`` (any picklable object) on every rank of the set."""
+    pset = global_process_set if process_set is None else process_set
+    root = set_root(pset, root_rank, "broadcast_object")
+    return object_call("broadcast_object", name, process_set,
+                       lambda comm: comm.bcast(obj, root=root), (root_rank,))

@@ -1,0 +1,194 @@
+"""What every operation of ``hpctrain.torch`` shares: the ops, argument checks, names, and
+the hand-over to the communication thread (:mod:`hpctrain.torch.engine`).
+
+A call checks its arguments here, on the caller's thread. A bad argument is raised here
+*and* announced to the other ranks under the same name (an invalid request), so that they
+fail with this rank's reason instead of waiting for a request that will never come.
+"""
+
+import torch
+
+from ..basics import world
+from ..engine import INVALID, HorovodInternalError, Request
+from ..process_sets import ProcessSet, global_process_set
+
+# Horovod's numbering of the reduction operations.
+Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
+#: The collectives' names of the ops (Adasum has a module of its own).
+OP_NAMES = {Average: "avg", Sum: "sum", Min: "min", Max: "max", Product: "prod"}
+
+#: dtypes the reductions take as they are; the small integer types travel widened.
+REDUCED = {torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32,
+           torch.int64}
+WIDENED = {torch.uint8: torch.int32, torch.int8: torch.int32, torch.int16: torch.int32,
+           torch.bool: torch.int32}
+
+
+def unsupported(what, instead):
+    """A ``NotImplementedError`` for a Horovod feature hpctrain does not offer."""
+    return NotImplementedError(f"hpctrain.torch does not support {what}; {instead}")
+
+
+def resolve_op(average, op, adasum=True):
+    """The reduction op from Horovod's ``average``/``op`` pair (``Average`` by default)."""
+    if op is not None and average is not None:
+        raise ValueError("The op parameter supersedes average. Please provide only one of them.")
+    if op is None:
+        op = Sum if average is False else Average
+    if op == Adasum and adasum:
+        return op
+    if op not in OP_NAMES:
+        raise ValueError(f"unknown reduction op {op!r}: use hvd.Average, hvd.Sum, hvd.Min, "
+                         f"hvd.Max, hvd.Product" + (" or hvd.Adasum" if adasum else ""))
+    return op
+
+
+def check_tensor(tensor, function, reduced=True):
+    """``TypeError``/``ValueError`` unless ``tensor`` is a dense CPU or CUDA torch tensor of a
+    dtype the operation takes (``reduced=False``: any dtype, the data only moves)."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"hpctrain.torch.{function} takes a torch.Tensor, got "
+                        f"{type(tensor).__name__}")
+    if tensor.is_sparse:
+        raise unsupported(f"sparse tensors in {function}",
+                          "use sparse_allreduce_async, or pass tensor.to_dense()")
+    if tensor.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"hpctrain.torch.{function}: tensors on {tensor.device.type!r} are "
+                         f"not supported; move it to the CPU or a CUDA device")
+    if reduced and tensor.dtype not in REDUCED and tensor.dtype not in WIDENED:
+        raise TypeError(f"hpctrain.torch.{function}: dtype {tensor.dtype} cannot be reduced; "
+                        f"use a float, integer or bool tensor")
+
+
+def dtype_name(tensor):
+    """``"float32"`` for ``torch.float32``: what signatures and messages show."""
+    return str(tensor.dtype).replace("torch.", "")
+
+
+def where(tensor):
+    """The device kind, part of every signature: a CPU tensor never pairs with a CUDA one."""
+    return tensor.device.type
+
+
+def member_set(w, process_set, function):
+    """The registered :class:`ProcessSet` to run on; ``ValueError`` (on this rank only: the
+    set's members do not wait for it) if it is not registered or this rank is outside it."""
+    pset = global_process_set if process_set is None else process_set
+    if not isinstance(pset, ProcessSet):
+        raise TypeError(f"hpctrain.torch.{function}: process_set must be an hvd.ProcessSet "
+                        f"(hvd.global_process_set or one from hvd.add_process_set), got "
+                        f"{type(pset).__name__}")
+    if pset.process_set_id is None or pset.process_set_id not in w.sets:
+        raise ValueError(f"hpctrain.torch.{function}: {pset} is not registered: add it with "
+                         f"hvd.add_process_set(...) (on every rank) or init(process_sets=...)")
+    if w.rank not in pset.ranks:
+        raise ValueError(f"hpctrain.torch.{function}: rank {w.rank} is not in {pset}; only "
+                         f"its ranks {pset.ranks} may run collectives on it")
+    return pset
+
+
+def start(function, name, process_set, check):
+    """``(world, process set, name)`` for one call, after ``check()`` has passed here.
+
+    An unnamed call gets the next number of its process set (``noname.N``), the same on
+    every rank that makes its calls in the same order, whatever their kinds: two ranks
+    whose N-th unnamed calls differ fail together instead of waiting for each other. If
+    ``check()`` raises, the other ranks of the set are told under that name, and the error
+    is raised here.
+    """
+    w = world()
+    pset = member_set(w, process_set, function)
+    if name is None:
+        name = w.next_name(pset.process_set_id)
+    else:
+        # As in Horovod, a name is the operation's kind and the user's name: an allreduce
+        # and a broadcast may both be called "w" at the same time.
+        name = f"{kind_of(function)}.{name}"
+    try:
+        check()
+    except (TypeError, ValueError, NotImplementedError, RuntimeError) as error:
+        announce_invalid(w, pset, name, f"{function}: {error}")
+        raise
+    return w, pset, name
+
+
+def kind_of(function):
+    """``"allreduce"`` for ``allreduce_async_``, ``grouped_allreduce`` and the like."""
+    kind = function.split(" ")[0].removeprefix("grouped_").removesuffix("_")
+    return kind.removesuffix("_async")
+
+
+def announce_invalid(w, pset, name, reason):
+    """Tell the set's other ranks that this rank's call ``name`` is invalid (they raise)."""
+    try:
+        w.engine.submit(Request(pset.process_set_id, name, INVALID, f"invalid: {reason}",
+                                None))
+    except (ValueError, HorovodInternalError):
+        pass        # the name is in flight here already, or the engine has ended
+
+
+def submit(w, pset, name, signature, describe, run, info=None):
+    """Queue one operation (see :class:`hpctrain.torch.engine.Request`); return its handle."""
+    return w.engine.submit(Request(pset.process_set_id, name, signature, describe, run, info))
+
+
+def describe_tensors(kind, name, tensors, **extra):
+    """What a call passed, for the mismatch message."""
+    what = ", ".join(f"{tuple(t.shape)} {dtype_name(t)} {where(t)}" for t in tensors)
+    more = "".join(f" {k}={v}" for k, v in extra.items())
+    return f"{kind}(name={name!r}: {what}{more})"
+
+
+# ----- CUDA stream ordering -----------------------------------------------------------------
+
+def caller_event(tensors):
+    """A CUDA event after the caller's pending work on ``tensors`` (``None`` on the CPU)."""
+    for t in tensors:
+        if t.is_cuda:
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(t.device))
+            return event
+    return None
+
+
+def wait_event(event, tensors):
+    """Make this thread's current stream wait for ``event`` (recorded by another thread)."""
+    if event is not None:
+        torch.cuda.current_stream(tensors[0].device).wait_event(event)
+
+
+def on_thread(tensors, work):
+    """``run(comm, infos, joined)`` for the engine: ``work(comm, infos, joined)`` after the
+    caller's pending CUDA work on ``tensors``, returning ``(result, event)``."""
+    event = caller_event(tensors)
+
+    def run(comm, infos, joined):
+        wait_event(event, tensors)
+        result = work(comm, infos, joined)
+        return result, caller_event(tensors)
+    return run
+
+
+def synchronize(handle):
+    """Wait for the operation of ``handle``; return its result (the output tensor)."""
+    result, event = handle.wait()
+    if event is not None:
+        torch.cuda.current_stream().wait_event(event)
+    return result
+
+
+def poll(handle):
+    """True when the operation of ``handle`` has finished (``synchronize`` will not block)."""
+    return handle.done.is_set()
+
+
+def scaled(tensor, factor):
+    """``tensor`` times ``factor`` in place, as Horovod scales: integers in float64, half
+    precision in float32, then rounded back to the tensor's dtype."""
+    if factor == 1.0:
+        return tensor
+    if tensor.dtype.is_floating_point and tensor.itemsize >= 4:
+        return tensor.mul_(factor)
+    wide = torch.float32 if tensor.dtype.is_floating_point else torch.float64
+    tensor.copy_(tensor.to(wide).mul_(factor))
+    return tensor

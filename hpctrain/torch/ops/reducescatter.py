@@ -1,0 +1,166 @@
+"""Reduce-scatter: ``reducescatter(_async)``, ``grouped_reducescatter(_async)``.
+
+Each tensor is reduced over the ranks of the process set and cut along dimension 0: set rank
+``r`` keeps rows ``[lo_r, hi_r)``, the rows split as evenly as they go, the first
+``rows % size`` ranks one more. Ops ``Sum`` and ``Average`` (an integer average truncates
+towards zero), with ``prescale_factor``/``postscale_factor`` as allreduce. The gradient, as
+in Horovod, is the allgather of the gradient (times the number of ranks for ``Sum``, times
+the scale factors).
+"""
+
+import math
+
+import torch
+
+from .allreduce import _signature
+from .common import (Average, OP_NAMES, Sum, WIDENED, check_tensor, describe_tensors,
+                     on_thread, resolve_op, scaled, start, submit, synchronize)
+from ..process_sets import global_process_set
+
+
+def row_split(rows, size):
+    """Rows of each of ``size`` ranks when ``rows`` are cut as evenly as they go."""
+    base, extra = divmod(rows, size)
+    return [base + (r < extra) for r in range(size)]
+
+
+def scatter_into(comm, algo, tensors, op, prescale, postscale):
+    """On the communication thread: this rank's block of each tensor's reduction."""
+    from ... import collectives
+
+    size, rank = comm.Get_size(), comm.Get_rank()
+    outputs = []
+    for tensor in tensors:
+        rows = row_split(tensor.shape[0], size)
+        rest = tuple(tensor.shape[1:])
+        width = math.prod(rest)
+        wide = WIDENED.get(tensor.dtype)
+        work = tensor.detach().to(wide if wide is not None else tensor.dtype, copy=True)
+        work = scaled(work.contiguous().view(-1), prescale)
+        out = torch.empty(rows[rank] * width, dtype=work.dtype, device=work.device)
+        integer = not work.dtype.is_floating_point
+        name = "sum" if op == Average and integer else OP_NAMES[op]
+        if size == 1:
+            out.copy_(work)
+        else:
+            collectives.reduce_scatter(work, out, [r * width for r in rows], op=name,
+                                       algo=algo, comm=comm)
+        if op == Average and integer:
+            out.copy_(torch.div(out, size, rounding_mode="trunc"))
+        out = scaled(out, postscale).to(tensor.dtype).view((rows[rank],) + rest)
+        outputs.append(out)
+    return outputs
+
+
+def _check(tensors, op, function):
+    def check():
+        for t in tensors:
+            check_tensor(t, function)
+            if t.dim() == 0:
+                raise ValueError(f"hpctrain.torch.{function} cannot scatter a scalar: it "
+                                 f"cuts dimension 0 over the ranks")
+        if op not in (Sum, Average):
+            raise NotImplementedError(f"hpctrain.torch.{function} reduces with op=hvd.Sum or "
+                                      f"hvd.Average only, got op={op}")
+    return check
+
+
+def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
+                                prescale_factor=1.0, postscale_factor=1.0,
+                                function="grouped_reducescatter_async", single=False):
+    """Queue the reduce-scatter of every tensor of ``tensors`` as one operation."""
+    if not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"hpctrain.torch.{function} takes a list of tensors")
+    tensors = list(tensors)
+    op = resolve_op(None, op, adasum=False) if op in OP_NAMES else op
+    w, pset, name = start(function, name, process_set, _check(tensors, op, function))
+    algo = w.algorithm_for("reducescatter")
+
+    def work(comm, infos, joined):
+        out = scatter_into(comm, algo, tensors, op, prescale_factor, postscale_factor)
+        return out[0] if single else out
+
+    return submit(w, pset, name, _signature("reducescatter", tensors, op, prescale_factor,
+                                            postscale_factor),
+                  describe_tensors("reducescatter", name, tensors, op=op),
+                  on_thread(tensors, work))
+
+
+def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
+                        prescale_factor=1.0, postscale_factor=1.0):
+    """Queue the reduce-scatter of ``tensor``; return a handle for :func:`synchronize`."""
+    return grouped_reducescatter_async([tensor], name, op, process_set, prescale_factor,
+                                       postscale_factor, "reducescatter_async", single=True)
+
+
+class _Reducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, process_set, prescale, postscale, *tensors):
+        ctx.args = (op, process_set, prescale, postscale)
+        return tuple(synchronize(grouped_reducescatter_async(
+            list(tensors), name, op, process_set, prescale, postscale)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        from .allgather import grouped_allgather
+
+        op, process_set, prescale, postscale = ctx.args
+        factor = (process_set.size() if op == Sum else 1) * prescale * postscale
+        grads = [g.contiguous() * factor if factor != 1 else g.contiguous() for g in grads]
+        return (None, None, None, None, None, *grouped_allgather(grads, None, process_set))
+
+
+def grouped_reducescatter(tensors, name=None, compression=None, op=Average,
+                          process_set=global_process_set, prescale_factor=1.0,
+                          postscale_factor=1.0):
+    """This rank's block of each tensor's reduction (differentiable), as one collective."""
+    if isinstance(tensors, (list, tuple)) and any(isinstance(t, torch.Tensor) and
+                                                  t.requires_grad for t in tensors):
+        return list(_Reducescatter.apply(name, op, process_set, prescale_factor,
+                                         postscale_factor, *tensors))
+    return synchronize(grouped_reducescatter_async(tensors, name, op, process_set,
+                                                   prescale_factor, postscale_factor))
+
+
+def reducescatter(tensor, name=None, compression=None, op=Average,
+                  process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+    """This rank's block (rows) of the reduction of ``tensor`` over the ranks
+    (differentiable). A collective."""
+    if isinstance(tensor, torch.Tensor) and tensor.requires_grad:
+        return _Reducescatter.apply(name, op, process_set, prescale_factor, postscale_factor,
+                                    tensor)[0]
+    return synchronize(grouped_reducescatter_async([tensor], name, op, process_set,
+                                                   prescale_factor, postscale_factor,
+                                                   "reducescatter", single=True))
+
+
+def scatter_rows(grads, rows, process_set):
+    """The gradient of an allgather: the average of ``grads`` (the gathered shape) over the
+    ranks, of which each keeps its own ``rows[i]`` rows of tensor ``i`` — a reduce-scatter
+    whose blocks are the ranks' first dimensions, which each rank tells the others."""
+    from ... import collectives
+
+    w, pset, name = start("allgather (gradient)", None, process_set, lambda: None)
+    algo = w.algorithm_for("reducescatter")
+
+    def work(comm, infos, joined):
+        size = comm.Get_size()
+        outputs = []
+        for i, grad in enumerate(grads):
+            rest = tuple(grad.shape[1:])
+            width = math.prod(rest)
+            mine = infos[comm.Get_rank()][i]
+            out = torch.empty((mine,) + rest, dtype=grad.dtype, device=grad.device)
+            if size == 1:
+                out.copy_(grad)
+            else:
+                collectives.reduce_scatter(grad.detach().clone().view(-1), out.view(-1),
+                                           [r[i] * width for r in infos], op="avg",
+                                           algo=algo, comm=comm)
+            outputs.append(out)
+        return outputs
+
+    signature = _signature("allgather_grad", grads, Average, 1.0, 1.0)
+    return synchronize(submit(w, pset, name, signature,
+                              describe_tensors("allgather_grad", name, grads),
+                              on_thread(grads, work), info=list(rows)))
