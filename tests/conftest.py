@@ -147,3 +147,29 @@ def all_ranks(comm, ok, failures=()):
     everyone = comm.allgather((bool(ok), [str(f) for f in failures][:10]))
     lines = [f"rank {rank}: {f}" for rank, (_, fails) in enumerate(everyone) for f in fails]
     assert all(good for good, _ in everyone), "\n".join(lines) or "failed on some rank"
+
+
+def raised(call):
+    """The exception ``call()`` raised, or ``None``. Error tests check it with ``all_ranks``
+    after the world's next collective: a rank where ``pytest.raises`` failed alone would skip
+    that collective and leave the others waiting in it."""
+    try:
+        call()
+    except Exception as error:  # noqa: BLE001 - the caller checks what it was
+        return error
+    return None
+
+
+#: The algorithms hpctrain.torch's own tests run over (test_torch_api adds real Horovod).
+TORCH_ALGOS = ["ring", "tree", "butterfly", "hierarchical", "mpi"]
+
+
+@pytest.fixture(params=TORCH_ALGOS, scope="module")
+def torch_algo(request):
+    """hpctrain.torch started with each algorithm of ``TORCH_ALGOS`` in turn, one ``init``
+    and one ``shutdown`` per algorithm and test module."""
+    import hpctrain.torch as hvd
+
+    hvd.init(allreduce=request.param)
+    yield request.param
+    hvd.shutdown()
