@@ -9,7 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpctrain.collectives import ALGORITHMS, DTYPES, OPS, Algorithm, available
+from hpctrain.collectives import (ALGORITHMS, DTYPES, OPS, REGISTRIES, Algorithm, available,
+                                  companion)
 from hpctrain.collectives import algorithm, buffers, reduce
 from hpctrain.errors import UsageError
 
@@ -108,18 +109,29 @@ def test_every_algorithm_module_registers_its_algorithm():
     defined = set()
     for info in pkgutil.iter_modules(package.__path__):
         module = importlib.import_module(f"{package.__name__}.{info.name}")
-        defined |= {obj.name for obj in vars(module).values()
+        defined |= {(obj.collective, obj.name) for obj in vars(module).values()
                     if isinstance(obj, type) and issubclass(obj, Algorithm) and obj.name
                     and obj.__module__ == module.__name__}
-    assert defined == set(ALGORITHMS) and "hierarchical" in defined
-    assert all(isinstance(a, Algorithm) and a.name == name for name, a in ALGORITHMS.items())
+    registered = {(collective, name) for collective, registry in REGISTRIES.items()
+                  for name in registry}
+    assert defined == registered and ("allreduce", "hierarchical") in defined
+    assert {name for collective, name in defined if collective == "allreduce"} == \
+        set(ALGORITHMS)
+    for collective, registry in REGISTRIES.items():
+        assert all(isinstance(a, Algorithm) and a.name == name and a.collective == collective
+                   for name, a in registry.items())
     assert set(available()) <= set(ALGORITHMS) and "ring" in available()
+    assert available("allgather") == ["butterfly", "mpi", "ring"]
+    assert available("reducescatter") == ["butterfly", "mpi", "ring"]
+    assert available("alltoall") == ["mpi", "pairwise"]
     assert set(DTYPES) == {"float16", "bfloat16", "float32", "float64", "int32", "int64"}
-    assert set(OPS) == {"sum", "avg", "min", "max"}
+    assert set(OPS) == {"sum", "avg", "min", "max", "prod"}
 
 
 def test_the_registry_gives_every_algorithm_tags_of_its_own():
-    taken = [t for a in ALGORITHMS.values() for t in range(a.tag, a.tag + a.tags)]
+    # Of every collective: the allgather ring's messages never match the allreduce ring's.
+    taken = [t for registry in REGISTRIES.values() for a in registry.values()
+             for t in range(a.tag, a.tag + a.tags)]
     assert len(set(taken)) == len(taken) and min(taken) == algorithm.FIRST_TAG
     assert ALGORITHMS["ps"].tags == ALGORITHMS["ps-sharded"].tags == 2   # results: tag + 1
 
@@ -130,6 +142,29 @@ def test_a_second_registration_of_a_name_is_refused():
 
     with pytest.raises(ValueError, match="registered twice"):
         algorithm.register(Again)
+
+    class Same(algorithm.AllgatherAlgorithm):
+        name = "ring"
+
+    with pytest.raises(ValueError, match="allgather algorithm 'ring' registered twice"):
+        algorithm.register(Same)
+
+
+@pytest.mark.parametrize("allreduce_algo, gather, scatter, exchange", [
+    ("ring", "ring", "ring", "pairwise"), ("butterfly", "butterfly", "butterfly", "pairwise"),
+    ("mpi", "mpi", "mpi", "mpi"), ("hierarchical", "ring", "ring", "pairwise"),
+    ("tree", "ring", "ring", "pairwise"), ("ps", "ring", "ring", "pairwise"),
+    ("ps-sharded", "ring", "ring", "pairwise"), ("auto", "ring", "ring", "pairwise"),
+    ("horovod", "ring", "ring", "pairwise")])
+def test_the_companion_of_each_allreduce_algorithm(allreduce_algo, gather, scatter, exchange):
+    assert [companion(c, allreduce_algo) for c in ("allgather", "reducescatter", "alltoall")] \
+        == [gather, scatter, exchange]
+
+
+def test_a_companion_of_an_unknown_collective_names_the_valid_ones():
+    with pytest.raises(UsageError, match="unknown collective 'gather'; valid choices: "
+                                         "allgather, alltoall, reducescatter"):
+        companion("gather", "ring")
 
 
 def test_mismatch_check_codes_are_distinct():
@@ -185,7 +220,8 @@ def test_the_few_element_sum_rounds_like_numpy(values):
         assert np.array_equal(dst, want)
 
 
-@pytest.mark.parametrize("op, want", [("sum", [3, -1]), ("min", [1, -3]), ("max", [2, 2])])
+@pytest.mark.parametrize("op, want", [("sum", [3, -1]), ("min", [1, -3]), ("max", [2, 2]),
+                                      ("prod", [2, -6])])
 def test_host_reducers(op, want):
     dst, src = np.array([1, -3]), np.array([2, 2])
     reduce.host_reducer(DTYPES["int64"], op, 2)(dst, src)

@@ -1,7 +1,13 @@
-"""Allreduce, written by hand in Python over mpi4py, one algorithm per module.
+"""Allreduce and the collectives of per-rank blocks, written by hand in Python over mpi4py,
+one algorithm per module, chosen by name.
 
-    from hpctrain.collectives import allreduce
+    from hpctrain.collectives import allreduce, allgather, reduce_scatter, alltoall
     allreduce(grad, op="avg", algo="ring")          # in place, on every rank
+    allgather(shard, full, counts, algo="ring")     # every rank's block, on every rank
+    reduce_scatter(grad, shard, counts, op="sum")   # this rank's block of the sum
+    alltoall(send, sendcounts, recv, recvcounts)    # block j to rank j
+
+Allreduce algorithms (``ALGORITHMS``):
 
 - ``ring``: reduce-scatter + allgather around a ring;
 - ``tree``: binomial-tree reduce, then broadcast (``root=0``);
@@ -14,35 +20,46 @@
 - ``horovod``: ``hvd.allreduce`` (baseline; needs Horovod);
 - ``auto``: one of the above per message size, from a study's profile (``auto.use``).
 
+allgather: ``ring``, ``butterfly``, ``mpi``; reduce_scatter: ``ring``, ``butterfly``,
+``mpi``; alltoall: ``pairwise``, ``mpi`` (``REGISTRIES``; :func:`companion` names the one
+that goes with an allreduce algorithm).
+
 The package, one concept per module: ``dtypes`` (element types and ops), ``reduce``
-(reduction kernels), ``algorithm`` (the interface and the registry), ``check`` (the
+(reduction kernels), ``algorithm`` (the interfaces and the registries), ``check`` (the
 mismatch check), ``context`` (the per-communicator cache), ``buffers`` (flattening, staging,
-fusing), ``driver`` (``allreduce``, ``allreduce_fused``), ``cost`` (the α-β-γ model), then
-one module per algorithm. Every algorithm takes the same buffers (NumPy arrays, torch
-tensors on CPU or CUDA), dtypes (``DTYPES``) and ops (``OPS``) and reduces on a private
-duplicate of the communicator. docs/collectives.md gives each algorithm's cost and where it
-should win.
+fusing), ``driver`` (``allreduce``, ``allreduce_fused``), ``blocks`` (``allgather``,
+``reduce_scatter``, ``alltoall``), ``cost`` (the α-β-γ model), then one module per
+algorithm (``ring.py``, ..., ``allgather_ring.py``, ``alltoall_pairwise.py``, ...). Every
+allreduce algorithm takes the same buffers (NumPy arrays, torch tensors on CPU or CUDA),
+dtypes (``DTYPES``) and ops (``OPS``) and reduces on a private duplicate of the
+communicator. docs/collectives.md gives each algorithm's cost and where it should win.
 """
 
 import importlib.util
 
 # Each algorithm module registers itself; the order of these imports fixes the tags.
 from . import ring, tree, butterfly, ps, hierarchical, mpi, horovod  # noqa: F401
+from . import allgather_ring, allgather_butterfly, allgather_mpi  # noqa: F401
+from . import reducescatter_ring, reducescatter_butterfly, reducescatter_mpi  # noqa: F401
+from . import alltoall_pairwise, alltoall_mpi  # noqa: F401
 from . import auto, cost  # noqa: F401
-from .algorithm import ALGORITHMS, Algorithm
+from .algorithm import ALGORITHMS, COLLECTIVES, REGISTRIES, Algorithm
+from .blocks import allgather, alltoall, companion, reduce_scatter
 from .check import MismatchError
 from .contexts import context
 from .driver import allreduce, allreduce_fused
 from .dtypes import DTYPES, OPS
 
-__all__ = ["ALGORITHMS", "auto", "cost", "DTYPES", "OPS", "Algorithm", "MismatchError",
-           "allreduce", "allreduce_fused", "available", "context"]
+__all__ = ["ALGORITHMS", "COLLECTIVES", "REGISTRIES", "auto", "cost", "DTYPES", "OPS",
+           "Algorithm", "MismatchError", "allgather", "allreduce", "allreduce_fused",
+           "alltoall", "available", "companion", "context", "reduce_scatter"]
 
 
-def available():
-    """Names of the algorithms that can run here (``horovod`` only where it is installed)."""
-    names = sorted(ALGORITHMS)
-    if not _importable("horovod.torch"):
+def available(collective="allreduce"):
+    """Names of the ``collective``'s algorithms that can run here (allreduce: ``horovod``
+    only where it is installed)."""
+    names = sorted(REGISTRIES[collective])
+    if "horovod" in names and not _importable("horovod.torch"):
         names.remove("horovod")
     return names
 

@@ -1,7 +1,11 @@
-"""The interface every allreduce algorithm implements, and the registry that finds them.
+"""The interface every algorithm implements, and the registries that find them.
 
 An algorithm is one module holding one :class:`Algorithm` subclass decorated with
-:func:`register`. Everything else discovers it through ``ALGORITHMS``: the driver, the
+:func:`register`. Its ``collective`` (default ``"allreduce"``) says which registry of
+``REGISTRIES`` it joins: ``ALGORITHMS`` is the allreduce one, and only it feeds the
+allreduce driver, ``available()``, the command-line choices, the cost fit and ``auto``;
+the allgather, reduce-scatter and alltoall algorithms (:mod:`.blocks`) sit beside it in
+their own. An allreduce algorithm is discovered through ``ALGORITHMS`` by the driver, the
 mismatch check, the cost model (:meth:`Algorithm.cost`), ``auto``, the command-line
 choices and the tests (:meth:`Algorithm.examples`). A new algorithm defines
 
@@ -22,8 +26,12 @@ import numpy as np
 from ..errors import UsageError
 from .dtypes import choices
 
-#: Algorithms by name; each module registers its own with :func:`register`.
-ALGORITHMS = {}
+#: The collectives the package implements, each with a registry of its algorithms.
+COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall")
+#: collective -> {name: algorithm}; each module registers its own with :func:`register`.
+REGISTRIES = {collective: {} for collective in COLLECTIVES}
+#: The allreduce algorithms by name.
+ALGORITHMS = REGISTRIES["allreduce"]
 #: The first tag handed out by :func:`register`; user tags are never seen on our private
 #: communicator, this only keeps each algorithm's messages apart from the others'.
 FIRST_TAG = 11
@@ -31,18 +39,21 @@ _NEXT_TAG = [FIRST_TAG]
 
 
 def register(algorithm_class):
-    """Class decorator: add one instance of an :class:`Algorithm` to ``ALGORITHMS`` and give
-    it ``tags`` message tags of its own (``algorithm.tag`` is the first).
+    """Class decorator: add one instance of an :class:`Algorithm` to the registry of its
+    ``collective`` and give it ``tags`` message tags of its own (``algorithm.tag`` is the
+    first), distinct from every other algorithm's, whatever its collective.
 
     Tags follow the order of registration, which the package's imports fix: the same on
     every rank.
     """
     algorithm = algorithm_class()
-    if algorithm.name in ALGORITHMS:
-        raise ValueError(f"allreduce algorithm {algorithm.name!r} registered twice")
+    registry = REGISTRIES[algorithm.collective]
+    if algorithm.name in registry:
+        raise ValueError(f"{algorithm.collective} algorithm {algorithm.name!r} registered "
+                         f"twice")
     algorithm.tag = _NEXT_TAG[0]
     _NEXT_TAG[0] += algorithm.tags
-    ALGORITHMS[algorithm.name] = algorithm
+    registry[algorithm.name] = algorithm
     return algorithm_class
 
 
@@ -89,6 +100,8 @@ class Algorithm:
     """
 
     name = ""
+    #: The collective it implements: its registry in ``REGISTRIES``.
+    collective = "allreduce"
     #: Options the algorithm takes (``allreduce(..., root=1)``), name -> default. Every value
     #: is an integer; ``None`` stands for a default that depends on the number of ranks.
     options = {}
@@ -197,6 +210,79 @@ class Algorithm:
         """Predicted seconds on ``machine`` (a :class:`.cost.Params`), or ``None``."""
         vector = self.cost(nbytes, ranks, nodes, params)
         return None if vector is None else machine.time(vector)
+
+
+class AllgatherAlgorithm(Algorithm):
+    """One allgather algorithm (registry ``REGISTRIES["allgather"]``).
+
+    ``run(comm, send, recv, bounds)`` over the private communicator ``comm``: ``send`` and
+    ``recv`` are flat ``uint8`` views (allgather moves bytes, whatever the dtype), in host
+    memory or, where :meth:`device_capable` says so, on a CUDA device; rank ``r``'s block is
+    ``send`` on rank ``r`` and lands at ``recv[bounds[r]:bounds[r + 1]]`` on every rank. It
+    is called with the same ``bounds`` on every rank.
+    """
+
+    collective = "allgather"
+
+    def run(self, comm, send, recv, bounds):
+        """Gather every rank's ``send`` into ``recv`` (see the class docstring)."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """What a reduce-scatter algorithm reduces with: the element type, the op (``avg`` is
+    already ``sum`` here: the driver divides), ``reduce(dst, src)`` (``dst op= src`` on
+    transport slices) and a receive workspace of at least :meth:`workspace` elements."""
+
+    dtype: object
+    op: str
+    reduce: object
+    scratch: object
+
+
+class ReduceScatterAlgorithm(Algorithm):
+    """One reduce-scatter algorithm (registry ``REGISTRIES["reducescatter"]``).
+
+    ``run(comm, send, recv, bounds, reduction)`` over the private communicator ``comm``:
+    ``send`` is every rank's whole flat transport vector (``bounds[-1]`` elements, which the
+    algorithm may overwrite); ``recv`` gets block ``rank``,
+    ``send[bounds[rank]:bounds[rank + 1]]`` reduced over every rank with
+    ``reduction.reduce``. It is called with the same ``bounds`` on every rank.
+    """
+
+    collective = "reducescatter"
+
+    def workspace(self, size, rank, bounds):
+        """Elements of receive workspace :meth:`run` needs (``reduction.scratch``)."""
+        return 0
+
+    def run(self, comm, send, recv, bounds, reduction):
+        """Reduce ``send`` over every rank, this rank's block into ``recv``."""
+        raise NotImplementedError
+
+
+class AlltoallAlgorithm(Algorithm):
+    """One alltoall algorithm (registry ``REGISTRIES["alltoall"]``).
+
+    ``run(comm, send, send_bounds, recv, recv_bounds)`` over the private communicator
+    ``comm``, on flat ``uint8`` views: ``send[send_bounds[j]:send_bounds[j + 1]]`` goes to
+    rank ``j``, and what rank ``i`` sends this rank lands at
+    ``recv[recv_bounds[i]:recv_bounds[i + 1]]``. The caller guarantees that the sizes of
+    each pair's block agree on both ranks.
+    """
+
+    collective = "alltoall"
+
+    def run(self, comm, send, send_bounds, recv, recv_bounds):
+        """Send block ``j`` of ``send`` to rank ``j``; receive block ``i`` from rank ``i``."""
+        raise NotImplementedError
+
+
+def block_layout(bounds):
+    """``(counts, displacements)`` of the blocks whose offsets are ``bounds``: the lists
+    MPI's vector collectives (``Allgatherv``, ``Alltoallv``) take."""
+    return ([hi - lo for lo, hi in zip(bounds, bounds[1:])], list(bounds[:-1]))
 
 
 @dataclass(frozen=True)

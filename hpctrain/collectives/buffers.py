@@ -2,9 +2,10 @@
 
 - :func:`flatten`: a 1-D *transport* view of a NumPy array or torch tensor, with no copy;
   half precision travels as ``int16`` (MPI has no 16-bit float type) and is reduced
-  through views in its real dtype;
-- :func:`pinned` and :func:`run_staged`: CUDA data reduced through a reused page-locked
-  host buffer when MPI is not CUDA-aware;
+  through views in its real dtype; :func:`flatten_bytes`: a byte view of any dtype, for
+  the collectives that only move data (allgather, alltoall);
+- :func:`pinned`, :func:`stage` and :func:`run_staged`: CUDA data moved through a reused
+  page-locked host buffer when MPI is not CUDA-aware;
 - :func:`fused_buffer`, :func:`copy_in`, :func:`copy_out`: many tensors packed into one
   reused flat buffer for :func:`~hpctrain.collectives.allreduce_fused`.
 """
@@ -26,47 +27,81 @@ class _NoTensor:
 TENSOR = [_NoTensor]
 
 
-def flatten(buf):
+def flatten(buf, what="allreduce", writes=True):
     """``(flat, dtype, device)``: a 1-D transport view of ``buf`` (no copy), its
-    :class:`~.dtypes.DType`, and ``None`` for host memory or the CUDA device index."""
+    :class:`~.dtypes.DType`, and ``None`` for host memory or the CUDA device index.
+    ``what``: the collective, for the error messages; ``writes``: it writes into ``buf``."""
     if isinstance(buf, np.ndarray):
         dtype = NUMPY_DTYPES.get(buf.dtype)
         if dtype is None:
-            raise bad_dtype(buf.dtype.str if buf.dtype.byteorder == ">" else buf.dtype.name)
-        if not buf.flags.c_contiguous:
-            raise UsageError(f"allreduce needs a contiguous buffer, got a non-contiguous "
-                             f"array of shape {buf.shape} and strides {buf.strides}: pass "
-                             f"np.ascontiguousarray(buf) and use the array it returns (the "
-                             f"reduction is in place)")
-        if not buf.flags.writeable:
-            raise UsageError("allreduce reduces in place, but the array is read-only")
-        flat = buf.reshape(-1)
+            raise bad_dtype(buf.dtype.str if buf.dtype.byteorder == ">" else buf.dtype.name,
+                            what)
+        flat = _flat_array(buf, what, writes)
         return (flat.view(np.int16) if dtype.half else flat), dtype, None
-    torch = sys.modules.get("torch")
-    if torch is None or not isinstance(buf, torch.Tensor):
-        raise UsageError(f"allreduce needs a NumPy array or a torch tensor, got "
-                         f"{type(buf).__name__}")
-    return _flatten_tensor(buf, torch)
-
-
-def _flatten_tensor(buf, torch):
-    TENSOR[0] = torch.Tensor
+    torch = _torch_of(buf, what)
     dtype = DTYPES.get(str(buf.dtype).replace("torch.", ""))
     if dtype is None:
-        raise bad_dtype(str(buf.dtype))
+        raise bad_dtype(str(buf.dtype), what)
+    flat = _flat_tensor(buf, what)
+    flat, device = _placed(flat.view(torch.int16) if dtype.half else flat, what)
+    return flat, dtype, device
+
+
+def flatten_bytes(buf, what, writes):
+    """``(flat, dtype_name, device)``: a 1-D ``uint8`` view of ``buf``'s bytes (no copy),
+    whatever its dtype (bool, complex, bfloat16, ...), the dtype's name, and ``None`` for
+    host memory or the CUDA device index. For the collectives that move bytes only."""
+    if isinstance(buf, np.ndarray):
+        if buf.dtype.hasobject:
+            raise UsageError(f"{what} moves bytes, but an array of dtype {buf.dtype} holds "
+                             f"Python object references: pass an array of numbers")
+        return _flat_array(buf, what, writes).view(np.uint8), buf.dtype.str \
+            if buf.dtype.byteorder == ">" else buf.dtype.name, None
+    torch = _torch_of(buf, what)
+    flat, device = _placed(_flat_tensor(buf, what).view(torch.uint8), what)
+    return flat, str(buf.dtype).replace("torch.", ""), device
+
+
+def _flat_array(buf, what, writes):
+    if not buf.flags.c_contiguous:
+        raise UsageError(f"{what} needs a contiguous buffer, got a non-contiguous "
+                         f"array of shape {buf.shape} and strides {buf.strides}: pass "
+                         f"np.ascontiguousarray(buf) and use the array it returns (the "
+                         f"result is written in place)")
+    if writes and not buf.flags.writeable:
+        raise UsageError(f"{what} writes into the array (allreduce: in place), but it is "
+                         f"read-only")
+    return buf.reshape(-1)
+
+
+def _torch_of(buf, what):
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(buf, torch.Tensor):
+        raise UsageError(f"{what} needs a NumPy array or a torch tensor, got "
+                         f"{type(buf).__name__}")
+    TENSOR[0] = torch.Tensor
+    return torch
+
+
+def _flat_tensor(buf, what):
     if not buf.is_contiguous():
-        raise UsageError(f"allreduce needs a contiguous tensor, got one of shape "
+        raise UsageError(f"{what} needs a contiguous tensor, got one of shape "
                          f"{tuple(buf.shape)} and strides {buf.stride()}: pass "
-                         f"buf.contiguous() and use the tensor it returns (the reduction is "
-                         f"in place)")
+                         f"buf.contiguous() and use the tensor it returns (the result is "
+                         f"written in place)")
     flat = buf.detach().view(-1)
-    if dtype.half:
-        flat = flat.view(torch.int16)
-    if buf.device.type == "cuda":
-        return flat, dtype, buf.device.index
-    if buf.device.type != "cpu":
-        raise UsageError(f"allreduce supports CPU and CUDA tensors, got one on {buf.device}")
-    return flat.numpy(), dtype, None
+    # A contiguous tensor of 0 or 1 element may have any stride, which a view as another
+    # element size refuses: the same memory, with stride 1.
+    return flat if flat.numel() > 1 else flat.as_strided((flat.numel(),), (1,))
+
+
+def _placed(flat, what):
+    """``(flat, device)`` of a flat tensor: a NumPy view on the CPU, the index on CUDA."""
+    if flat.device.type == "cuda":
+        return flat, flat.device.index
+    if flat.device.type != "cpu":
+        raise UsageError(f"{what} supports CPU and CUDA tensors, got one on {flat.device}")
+    return flat.numpy(), None
 
 
 def pinned(ctx, dtype, count):
@@ -81,10 +116,23 @@ def pinned(ctx, dtype, count):
 
 def run_staged(ctx, plan, flat):
     """The data phase of ``plan`` on CUDA memory ``flat``, through a pinned host copy."""
-    host = pinned(ctx, plan.dtype, plan.count)
-    host.copy_(flat)       # device -> page-locked host; blocks until the copy is done
-    plan.algorithm.bind(ctx.comm, plan)(host.numpy())
-    flat.copy_(host)
+    stage(ctx, plan.dtype, (flat,), (flat,), plan.algorithm.bind(ctx.comm, plan))
+
+
+def stage(ctx, dtype, inputs, outputs, run):
+    """``run(*host views)`` for the flat CUDA transport arrays ``inputs + outputs``, through
+    one reused pinned host buffer (:func:`pinned`): the inputs are copied to the host before,
+    the outputs back to the device after. An array that is both (allreduce's buffer) is
+    passed once, as an input."""
+    arrays = list(inputs) + [a for a in outputs if not any(a is b for b in inputs)]
+    host = pinned(ctx, dtype, sum(len(a) for a in arrays))
+    views = segments(host, [len(a) for a in arrays])
+    for view, array in zip(views, inputs):
+        view.copy_(array)     # device -> page-locked host; blocks until the copy is done
+    run(*(view.numpy() for view in views))
+    for view, array in zip(views, arrays):
+        if any(array is out for out in outputs):
+            array.copy_(view)
 
 
 def fused_buffer(ctx, tensors):

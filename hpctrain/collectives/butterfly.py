@@ -44,33 +44,100 @@ class ButterflySchedule:
 @lru_cache(maxsize=256)
 def butterfly_schedule(size, rank, count, halving):
     """The butterfly of ``rank`` among ``size`` ranks for ``count`` elements."""
+    fold, partner, vrank, pof2, extra = folding(size, rank)
+    if fold == "out":
+        return ButterflySchedule("out", partner, halving, (), 0)
+    if not halving:
+        steps = tuple(real_rank(vrank ^ mask, extra) for mask in _masks(pof2))
+        return ButterflySchedule(fold, partner, False, steps, count)
+    steps = halving_steps(vrank, pof2, extra, chunk_bounds(count, pof2))
+    # What arrives in a halving step is the partner's half, the size of the half I keep.
+    largest = max((k_hi - k_lo for _, _, _, k_lo, k_hi in steps), default=0)
+    return ButterflySchedule(fold, partner, True, steps, count if fold == "in" else largest)
+
+
+def folding(size, rank):
+    """``(fold, partner, vrank, pof2, extra)``: how ``rank`` takes part in a butterfly of
+    ``pof2 = 2^⌊lg size⌋`` virtual ranks. The first ``2·extra`` ranks pair up: the even one
+    folds ``"out"`` (hands its data to ``partner``, the odd one above it, and sits out), the
+    odd one folds ``"in"`` and is virtual rank ``rank // 2``; the others are ``rank - extra``.
+    An "out" rank has no virtual rank (-1)."""
     pof2 = 1 << (size.bit_length() - 1)
     extra = size - pof2
     if rank < 2 * extra:
         if rank % 2 == 0:
-            return ButterflySchedule("out", rank + 1, halving, (), 0)
-        fold, partner, vrank = "in", rank - 1, rank // 2
-    else:
-        fold, partner, vrank = "", -1, rank - extra
+            return "out", rank + 1, -1, pof2, extra
+        return "in", rank - 1, rank // 2, pof2, extra
+    return "", -1, rank - extra, pof2, extra
 
-    def real(v):
-        return 2 * v + 1 if v < extra else v + extra
 
-    if not halving:
-        steps = tuple(real(vrank ^ mask) for mask in _masks(pof2))
-        return ButterflySchedule(fold, partner, False, steps, count)
-    bounds = chunk_bounds(count, pof2)
+def real_rank(vrank, extra):
+    """The rank that plays virtual rank ``vrank`` (see :func:`folding`)."""
+    return 2 * vrank + 1 if vrank < extra else vrank + extra
+
+
+def halving_steps(vrank, pof2, extra, bounds):
+    """The recursive halving of virtual rank ``vrank`` over the ``pof2`` virtual chunks whose
+    offsets are ``bounds``: ``((peer, send_lo, send_hi, keep_lo, keep_hi), ...)``, the
+    partner differing in one bit, highest first; ``vrank`` ends holding chunk ``vrank``.
+    Backwards, the same steps are the recursive doubling of an allgather."""
     lo, hi, steps = 0, pof2, []
     for mask in reversed(_masks(pof2)):
         mid = (lo + hi) // 2
         send, keep = ((lo, mid), (mid, hi)) if vrank & mask else ((mid, hi), (lo, mid))
-        steps.append((real(vrank ^ mask), bounds[send[0]], bounds[send[1]],
+        steps.append((real_rank(vrank ^ mask, extra), bounds[send[0]], bounds[send[1]],
                       bounds[keep[0]], bounds[keep[1]]))
         lo, hi = keep
-    # What arrives in a halving step is the partner's half, the size of the half I keep.
+    return tuple(steps)
+
+
+@dataclass(frozen=True)
+class BlockButterfly:
+    """A butterfly over the ranks' own blocks (reduce-scatter and allgather collectives)."""
+
+    fold: str                 # as in ButterflySchedule
+    partner: int
+    steps: tuple              # halving steps over the virtual ranks' blocks
+    scratch: int              # receive workspace of the reduce-scatter (elements)
+
+
+@lru_cache(maxsize=256)
+def block_butterfly(size, rank, bounds):
+    """The butterfly in which rank ``r`` ends with (reduce-scatter) or starts from
+    (allgather) block ``r`` of ``bounds``. A virtual rank's block is its real ranks' blocks
+    side by side: both of a folded pair's (adjacent, so contiguous), else the rank's own."""
+    fold, partner, vrank, pof2, extra = folding(size, rank)
+    if fold == "out":
+        return BlockButterfly(fold, partner, (), 0)
+    virtual = tuple(bounds[2 * v if v < extra else v + extra] for v in range(pof2)) \
+        + (bounds[size],)
+    steps = halving_steps(vrank, pof2, extra, virtual)
     largest = max((k_hi - k_lo for _, _, _, k_lo, k_hi in steps), default=0)
-    return ButterflySchedule(fold, partner, True, tuple(steps),
-                             count if fold == "in" else largest)
+    return BlockButterfly(fold, partner, steps, bounds[size] if fold == "in" else largest)
+
+
+def hand_over(comm, send, recv, partner, tag):
+    """A folded-out rank's whole part in a block butterfly: ``send`` to ``partner``, then
+    its result into ``recv``. The partner posts its receive first, so this blocking Send
+    cannot deadlock."""
+    comm.Send(send, partner, tag)
+    comm.Recv(recv, partner, tag)
+
+
+def recursive_halving(comm, flat, scratch, reduce, steps, tag):
+    """The reduce-scatter by recursive halving of ``flat`` over ``comm``
+    (:func:`halving_steps`): swap the half I do not keep, reduce the half I keep."""
+    for peer, send_lo, send_hi, keep_lo, keep_hi in steps:
+        incoming = scratch[:keep_hi - keep_lo]
+        comm.Sendrecv(flat[send_lo:send_hi], peer, tag, incoming, peer, tag)
+        reduce(flat[keep_lo:keep_hi], incoming)
+
+
+def recursive_doubling_gather(comm, flat, steps, tag):
+    """The allgather by recursive doubling that retraces ``steps`` backwards: what I kept
+    is complete here, and what I sent is complete at the partner."""
+    for peer, send_lo, send_hi, keep_lo, keep_hi in reversed(steps):
+        comm.Sendrecv(flat[keep_lo:keep_hi], peer, tag, flat[send_lo:send_hi], peer, tag)
 
 
 def _masks(pof2):
@@ -203,10 +270,5 @@ class Butterfly(Algorithm):
 
 
 def _rabenseifner(comm, flat, scratch, reduce, steps, tag):
-    for peer, send_lo, send_hi, keep_lo, keep_hi in steps:
-        incoming = scratch[:keep_hi - keep_lo]
-        comm.Sendrecv(flat[send_lo:send_hi], peer, tag, incoming, peer, tag)
-        reduce(flat[keep_lo:keep_hi], incoming)
-    # Backwards: what I kept is complete now, and what I sent is complete at the partner.
-    for peer, send_lo, send_hi, keep_lo, keep_hi in reversed(steps):
-        comm.Sendrecv(flat[keep_lo:keep_hi], peer, tag, flat[send_lo:send_hi], peer, tag)
+    recursive_halving(comm, flat, scratch, reduce, steps, tag)
+    recursive_doubling_gather(comm, flat, steps, tag)

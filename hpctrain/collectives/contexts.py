@@ -158,13 +158,17 @@ class Context:
             plan.setup = self.setup(algorithm, plan.params)
         plan.schedule = schedule = algorithm.schedule(self.size, self.rank, plan.count,
                                                       dtype.itemsize, plan.params, plan.setup)
-        if on_device:
-            plan.scratch = self.workspace(("cuda", device, dtype.transport), schedule.scratch,
-                                          partial(_device_empty, dtype=dtype, device=device))
-        else:
-            plan.scratch = self.workspace(("host", dtype.transport), schedule.scratch,
-                                          partial(np.empty, dtype=dtype.transport))
+        plan.scratch = self.scratch(dtype, schedule.scratch, device if on_device else None)
         plan.run = self._bind(plan, on_device)
+
+    def scratch(self, dtype, count, device=None):
+        """The reused receive workspace of ``dtype``'s transport elements, at least ``count``
+        of them: in host memory, or on CUDA device ``device``."""
+        if device is not None:
+            return self.workspace(("cuda", device, dtype.transport), count,
+                                  partial(_device_empty, dtype=dtype, device=device))
+        return self.workspace(("host", dtype.transport), count,
+                              partial(np.empty, dtype=dtype.transport))
 
     def _bind(self, plan, on_device):
         """``run(flat)``: the data phase of ``plan``, with everything it needs bound."""
@@ -298,6 +302,19 @@ def context(comm=None):
         comm.Set_attr(_KEYVAL, ctx)
     LAST = (comm, ctx)   # at hand for the next call; comm.Free() clears it (Context.free)
     return ctx
+
+
+def shape(comm=None):
+    """``(size, rank)`` of ``comm`` (``None``: ``COMM_WORLD``), from local calls only: a
+    call's arguments are checked with it before the first use of its context, which is
+    collective (``Dup``)."""
+    if comm is None and WORLD is not None:
+        return WORLD.size, WORLD.rank
+    _load_mpi()
+    comm = MPI.COMM_WORLD if comm is None else comm
+    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+        context(comm)   # raises the UsageError that says what is wrong with it
+    return comm.Get_size(), comm.Get_rank()
 
 
 def _load_mpi():

@@ -25,8 +25,9 @@ def allreduce(buf, op="sum", algo="ring", comm=None, check=True, **options):
 
     ``buf``: a contiguous NumPy array or torch tensor of any shape (its flattened elements
     are reduced), dtype float16, bfloat16 (torch only), float32, float64, int32 or int64, in
-    host memory or on a CUDA device. ``op``: ``sum``, ``avg``, ``min`` or ``max``; ``avg`` is
-    the sum divided by the number of ranks, with floor division for integer dtypes.
+    host memory or on a CUDA device. ``op``: ``sum``, ``avg``, ``min``, ``max`` or ``prod``;
+    ``avg`` is the sum divided by the number of ranks, with floor division for integer
+    dtypes.
     ``algo``: a name in ``ALGORITHMS``, or ``auto`` (chosen per size from the profile given
     to :func:`hpctrain.collectives.auto.use`); ``options``: that algorithm's options (``root=``,
     ``servers=``, ``switch_bytes=``, ``ranks_per_node=``). ``comm``: an mpi4py

@@ -1,4 +1,5 @@
-"""The element types and reduction operations every allreduce algorithm accepts."""
+"""The element types and reduction operations every allreduce and reduce-scatter algorithm
+accepts, and the raw bytes that allgather and alltoall move (:data:`BYTES`)."""
 
 from dataclasses import dataclass
 
@@ -42,8 +43,13 @@ DTYPES = {d.name: d for d in (
 )}
 
 #: Reduction operations by name, with the number the mismatch check compares. ``avg`` is
-#: ``sum`` followed by a division by the number of ranks (floor division for integers).
-OPS = {"sum": 1, "avg": 2, "min": 3, "max": 4}
+#: ``sum`` followed by a division by the number of ranks (floor division for integers);
+#: ``prod`` multiplies (integers wrap on overflow, as NumPy's and MPI's do).
+OPS = {"sum": 1, "avg": 2, "min": 3, "max": 4, "prod": 5}
+
+#: Raw bytes: what allgather and alltoall move, whatever the elements are (they reduce
+#: nothing, so any dtype travels as a byte view). Not a reduction type: not in ``DTYPES``.
+BYTES = DType("bytes", 0, 1, "uint8", integer=True)
 
 #: The supported NumPy dtypes, to their :class:`DType`.
 NUMPY_DTYPES = {np.dtype(d.name): d for d in DTYPES.values() if d.numpy is not None}
@@ -54,9 +60,9 @@ def choices(names):
     return ", ".join(sorted(names))
 
 
-def bad_dtype(name):
-    """The ``UsageError`` for an element type allreduce does not support."""
-    return UsageError(f"allreduce does not support dtype {name}; valid choices: "
+def bad_dtype(name, what="allreduce"):
+    """The ``UsageError`` for an element type ``what`` (a collective) does not support."""
+    return UsageError(f"{what} does not support dtype {name}; valid choices: "
                       f"{choices(DTYPES)}")
 
 
@@ -65,4 +71,4 @@ def mpi_datatype(dtype):
     from mpi4py import MPI
 
     return {"int16": MPI.INT16_T, "int32": MPI.INT32_T, "int64": MPI.INT64_T,
-            "float32": MPI.FLOAT, "float64": MPI.DOUBLE}[dtype.transport]
+            "float32": MPI.FLOAT, "float64": MPI.DOUBLE, "uint8": MPI.BYTE}[dtype.transport]

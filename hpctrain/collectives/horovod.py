@@ -5,11 +5,11 @@ hpctrain works where Horovod is not built. Each call goes through Horovod's back
 thread, which batches requests every cycle (``HOROVOD_CYCLE_TIME``, 1 ms by default): small
 messages pay about a millisecond, which is what the Python algorithms should beat.
 
-``sum``, ``avg``, ``min`` and ``max`` map to ``hvd.Sum``, ``hvd.Average``, ``hvd.Min`` and
-``hvd.Max``, except ``avg`` of integers, which is ``hvd.Sum`` followed by our floor
-division (Horovod would truncate). Horovod's CPU build has no bfloat16: a bfloat16 buffer
-is reduced as float32 in a reused buffer and rounded back once, so it is slightly more
-accurate than the other algorithms' bfloat16.
+``sum``, ``avg``, ``min``, ``max`` and ``prod`` map to ``hvd.Sum``, ``hvd.Average``,
+``hvd.Min``, ``hvd.Max`` and ``hvd.Product``, except ``avg`` of integers, which is
+``hvd.Sum`` followed by our floor division (Horovod would truncate). Horovod's CPU build
+has no bfloat16: a bfloat16 buffer is reduced as float32 in a reused buffer and rounded
+back once, so it is slightly more accurate than the other algorithms' bfloat16.
 """
 
 import numpy as np
@@ -86,7 +86,8 @@ class HorovodAllreduce(Algorithm):
         hvd = horovod(comm)
         view = (torch.from_numpy(flat) if isinstance(flat, np.ndarray) else flat)
         view = view.view(plan.dtype.torch)
-        op = {"sum": hvd.Sum, "avg": hvd.Average, "min": hvd.Min, "max": hvd.Max}[plan.op]
+        op = {"sum": hvd.Sum, "avg": hvd.Average, "min": hvd.Min, "max": hvd.Max,
+              "prod": hvd.Product}[plan.op]
         if plan.finish is not None:
             op = hvd.Sum    # integer average: we divide (floor) afterwards
         if plan.dtype.name == "bfloat16":

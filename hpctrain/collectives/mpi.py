@@ -25,7 +25,8 @@ def mpi_op(dtype, op):
         if dtype.half:
             found = MPI.IN_PLACE, MPI.Op.Create(_half_callback(dtype, reduce_op), commute=True)
         else:
-            found = MPI.IN_PLACE, {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX}[reduce_op]
+            found = MPI.IN_PLACE, {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX,
+                                   "prod": MPI.PROD}[reduce_op]
         _OPS[(dtype.name, op)] = found
     return found
 

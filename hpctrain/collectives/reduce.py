@@ -2,7 +2,7 @@
 
 import numpy as np
 
-_UFUNCS = {"sum": np.add, "min": np.minimum, "max": np.maximum}
+_UFUNCS = {"sum": np.add, "min": np.minimum, "max": np.maximum, "prod": np.multiply}
 
 
 def host_reducer(dtype, op, count):
@@ -48,7 +48,7 @@ def _torch_reducer(torch_dtype, op, synchronize):
 
     as_tensor = torch.from_numpy if synchronize is None else (lambda t: t)
     apply = {"sum": lambda d, s: d.add_(s), "min": lambda d, s: torch.minimum(d, s, out=d),
-             "max": lambda d, s: torch.maximum(d, s, out=d)}[op]
+             "max": lambda d, s: torch.maximum(d, s, out=d), "prod": lambda d, s: d.mul_(s)}[op]
 
     def reduce(dst, src):
         apply(as_tensor(dst).view(torch_dtype), as_tensor(src).view(torch_dtype))

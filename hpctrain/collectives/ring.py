@@ -11,7 +11,10 @@ bytes, the lower bound for any allreduce, so the ring wins for large messages; i
 ``2(p-1)`` latencies make it lose for small ones.
 
 The two phases are written as functions of any chunk bounds (:func:`ring_over`), so that
-other algorithms can run them on a sub-communicator (see :mod:`.hierarchical`).
+other algorithms can run them on a sub-communicator (see :mod:`.hierarchical`), and they
+are the whole of the ring reduce-scatter and ring allgather collectives
+(:mod:`.reducescatter_ring`, :mod:`.allgather_ring`), whose rank ``r`` owns block ``r``
+(:func:`ring_of_blocks`): one implementation of each phase.
 """
 
 from dataclasses import dataclass
@@ -37,16 +40,25 @@ def ring_schedule(size, rank, count):
     return ring_over(size, rank, chunk_bounds(count, size))
 
 
-def ring_over(size, rank, bounds):
+@lru_cache(maxsize=256)
+def ring_of_blocks(size, rank, bounds):
+    """The ring schedule in which rank ``r`` owns block ``r`` of ``bounds`` (the
+    reduce-scatter and allgather collectives: offsets of the ranks' blocks)."""
+    return ring_over(size, rank, bounds, owned=0)
+
+
+def ring_over(size, rank, bounds, owned=1):
     """The ring schedule of ``rank`` among ``size`` ranks for the ``size`` chunks whose
     element offsets are ``bounds``; rank ``r`` ends the reduce-scatter owning chunk
-    :func:`owned_chunk` ``(size, r)``."""
+    ``(r + owned) % size`` and starts the allgather with it (allreduce: ``owned=1``,
+    :func:`owned_chunk`, so that its first message is its own chunk)."""
     def step(send, recv):
         send, recv = send % size, recv % size
         return bounds[send], bounds[send + 1], bounds[recv], bounds[recv + 1]
 
-    reduce_scatter = tuple(step(rank - s, rank - s - 1) for s in range(size - 1))
-    allgather = tuple(step(rank + 1 - s, rank - s) for s in range(size - 1))
+    first = rank + owned - 1      # the chunk sent first in the reduce-scatter
+    reduce_scatter = tuple(step(first - s, first - s - 1) for s in range(size - 1))
+    allgather = tuple(step(first + 1 - s, first - s) for s in range(size - 1))
     largest = max(bounds[i + 1] - bounds[i] for i in range(size))
     return RingSchedule((rank + 1) % size, (rank - 1) % size, reduce_scatter, allgather,
                         largest)

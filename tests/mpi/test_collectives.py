@@ -58,10 +58,12 @@ def small_sizes(size=SIZE):
     return sorted({0, 1, max(size - 1, 0), size, size + 1, 1009})
 
 
-def contribution(rank, count, salt):
+def contribution(rank, count, salt, op="sum"):
     """Rank ``rank``'s values: integers in [-8, 8], so that any sum of 4 is exact in every
-    dtype (bfloat16 holds integers up to 256 exactly)."""
-    return (np.arange(count, dtype=np.int64) * 7 + rank * 13 + salt) % 17 - 8
+    dtype (bfloat16 holds integers up to 256 exactly); for ``prod``, in [-2, 2], so that
+    any product of 4, in any order, is too."""
+    values = np.arange(count, dtype=np.int64) * 7 + rank * 13 + salt
+    return values % 5 - 2 if op == "prod" else values % 17 - 8
 
 
 def make_buffer(values, dtype, kind="numpy"):
@@ -81,12 +83,14 @@ def as_reference_type(buf):
 
 def reference(dtype, op, count, salt, size=SIZE):
     """What ``allreduce`` must produce, exactly, in ``dtype``, as float64 or int64."""
-    stacked = np.stack([contribution(r, count, salt) for r in range(size)]) if count \
+    stacked = np.stack([contribution(r, count, salt, op) for r in range(size)]) if count \
         else np.zeros((size, 0), dtype=np.int64)
     if op == "min":
         result = stacked.min(axis=0)
     elif op == "max":
         result = stacked.max(axis=0)
+    elif op == "prod":
+        result = stacked.prod(axis=0)
     else:
         result = stacked.sum(axis=0)
     if op == "avg":
@@ -122,7 +126,7 @@ def mismatches(algo, dtype, op, got, want):
 
 def run_case(algo, dtype, op, count, options, salt, kind="numpy", check=True):
     """One allreduce of this rank's contribution; a description of what went wrong, or None."""
-    buf = make_buffer(contribution(RANK, count, salt), dtype, kind)
+    buf = make_buffer(contribution(RANK, count, salt, op), dtype, kind)
     out = abort_on_error(allreduce, buf, op=op, algo=algo, check=check, **options)
     got, want = as_reference_type(buf), reference(dtype, op, count, salt)
     if out is not buf:
@@ -185,7 +189,7 @@ def test_the_result_is_written_into_the_callers_buffer(kind):
     for algo in ALGOS:
         for dtype in sorted(DTYPES):
             for op in sorted(OPS):
-                values = contribution(RANK, 7 * 11, salt=4).reshape(7, 11)
+                values = contribution(RANK, 7 * 11, salt=4, op=op).reshape(7, 11)
                 buf = make_buffer(values, dtype, kind)
                 before, where = _bits(buf), _address(buf)
                 out = allreduce(buf, op=op, algo=algo)
@@ -370,7 +374,7 @@ def _message(call):
 
 def test_unknown_algo_op_and_dtype_list_the_valid_choices():
     messages = [_message(lambda: allreduce(np.ones(3), algo="allgatherv")),
-                _message(lambda: allreduce(np.ones(3), op="prod")),
+                _message(lambda: allreduce(np.ones(3), op="xor")),
                 _message(lambda: allreduce(np.ones(3, dtype=np.complex64))),
                 _message(lambda: allreduce(np.ones(3), algo="tree", servers=2))]
     ok = (all(name in messages[0] for name in ALGORITHMS)

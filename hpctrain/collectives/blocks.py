@@ -1,0 +1,241 @@
+"""allgather, reduce_scatter and alltoall: the collectives of per-rank blocks, algorithm by name.
+
+    from hpctrain.collectives import allgather, alltoall, companion, reduce_scatter
+    allgather(shard, full, counts, algo="ring")            # block r of full = rank r's shard
+    reduce_scatter(grad, shard, counts, op="avg")           # shard = block r of the average
+    alltoall(send, sendcounts, recv, recvcounts)            # block j of rank i -> rank j
+    companion("allgather", "butterfly")                     # -> "butterfly"
+
+``counts[r]`` is the number of elements of rank ``r``'s block; blocks lie side by side in
+rank order, rank ``r``'s at ``sum(counts[:r])``. Counts may differ and may be 0.
+
+Each algorithm is a module registered under its collective (``REGISTRIES``): allgather
+``ring``, ``butterfly``, ``mpi``; reduce-scatter ``ring``, ``butterfly``, ``mpi``; alltoall
+``pairwise``, ``mpi``. Their messages move on the communicator context's private duplicate
+(:mod:`.contexts`), each algorithm with tags of its own. allgather and alltoall move bytes,
+so they take any dtype; reduce_scatter takes ``DTYPES`` and ``OPS``. CUDA tensors go to a
+CUDA-aware MPI directly or through the context's pinned host buffer (:func:`.buffers.stage`).
+
+Unlike :func:`~.driver.allreduce`, these calls make no agreement check: the caller
+negotiates sizes (``hpctrain.torch`` does). Arguments wrong on this rank raise a
+``UsageError`` here, before any message is sent (even the first use of a communicator's
+context, which duplicates it collectively, waits until the arguments are checked).
+"""
+
+import operator
+import sys
+from itertools import accumulate
+
+from .algorithm import REGISTRIES, Reduction
+from .buffers import flatten, flatten_bytes, stage
+from .contexts import context, shape
+from .dtypes import BYTES, OPS, choices
+from .reduce import averager, device_reducer, host_reducer
+from ..errors import UsageError
+
+#: The collectives of this module, as ``REGISTRIES`` names them, and their default algorithm.
+DEFAULTS = {"allgather": "ring", "reducescatter": "ring", "alltoall": "pairwise"}
+
+
+def allgather(send, recv, counts, algo="ring", comm=None):
+    """Gather every rank's ``send`` into ``recv`` on every rank; return ``recv``.
+
+    ``send``: a contiguous NumPy array or torch tensor (its flattened elements) of
+    ``counts[rank]`` elements, any dtype; ``recv``: ``sum(counts)`` elements of the same
+    dtype, in the same place (host, or the same CUDA device). Rank ``r``'s block lands at
+    element ``sum(counts[:r])``. ``algo``: ``ring``, ``butterfly`` or ``mpi``; ``comm``: an
+    mpi4py intracommunicator, default ``COMM_WORLD``.
+
+    Synchronisation point: a collective. Every rank of ``comm`` must call it, in the same
+    order as its other collectives on ``comm``, with the same ``counts`` and ``algo``; a
+    call that breaks this may hang or return garbage.
+    """
+    size, rank = shape(comm)
+    algorithm = lookup("allgather", algo)
+    bounds = block_bounds(counts, size, "allgather", "counts")
+    (send_bytes, recv_bytes), itemsize, device = byte_views("allgather", send, recv)
+    expect_length("allgather", "send", send, bounds[rank + 1] - bounds[rank],
+                  f"counts[{rank}] (this rank's block)")
+    expect_length("allgather", "recv", recv, bounds[-1], "sum(counts) (every block)")
+    if bounds[-1] == 0:
+        return recv    # the same counts on every rank: every rank returns here
+    scaled = tuple(b * itemsize for b in bounds)
+    ctx = context(comm)   # collective on first use: after the arguments are checked
+
+    def bind(on_device):
+        return lambda s, r: algorithm.run(ctx.comm, s, r, scaled)
+    execute(ctx, algorithm, BYTES, device, (send_bytes,), (recv_bytes,), bind)
+    return recv
+
+
+def reduce_scatter(send, recv, counts, op="sum", algo="ring", comm=None):
+    """Reduce ``send`` over every rank with ``op``; block ``rank`` of the result goes to
+    ``recv``. Returns ``recv``.
+
+    ``send``: a contiguous NumPy array or torch tensor of ``sum(counts)`` elements, dtype
+    one of ``DTYPES``; it is used as workspace and may be overwritten. ``recv``:
+    ``counts[rank]`` elements of the same dtype, in the same place. ``op``: ``sum``, ``avg``
+    (floor division for integers, as allreduce), ``min``, ``max`` or ``prod``. ``algo``:
+    ``ring``, ``butterfly`` or ``mpi``.
+
+    Synchronisation point: a collective, as :func:`allgather`, with the same ``counts``,
+    dtype, ``op`` and ``algo`` on every rank.
+    """
+    size, rank = shape(comm)
+    algorithm = lookup("reducescatter", algo)
+    if op not in OPS:
+        raise UsageError(f"unknown reduce_scatter op {op!r}; valid choices: {choices(OPS)}")
+    bounds = block_bounds(counts, size, "reduce_scatter", "counts")
+    send_flat, dtype, device = flatten(send, "reduce_scatter")
+    recv_flat, recv_dtype, recv_device = flatten(recv, "reduce_scatter")
+    same_type_and_place("reduce_scatter", (dtype.name, device), (recv_dtype.name, recv_device))
+    expect_length("reduce_scatter", "send", send, bounds[-1], "sum(counts) (every block)")
+    expect_length("reduce_scatter", "recv", recv, bounds[rank + 1] - bounds[rank],
+                  f"counts[{rank}] (this rank's block)")
+    if bounds[-1] == 0:
+        return recv
+    reduce_op = "sum" if op == "avg" else op
+    ctx = context(comm)
+
+    def bind(on_device):
+        place = device if on_device else None
+        reduce = device_reducer(dtype, reduce_op, device) if on_device \
+            else host_reducer(dtype, reduce_op, bounds[-1])
+        scratch = ctx.scratch(dtype, algorithm.workspace(ctx.size, ctx.rank, bounds), place)
+        reduction = Reduction(dtype, reduce_op, reduce, scratch)
+        finish = averager(dtype, ctx.size, on_device) if op == "avg" else None
+
+        def run(s, r):
+            algorithm.run(ctx.comm, s, r, bounds, reduction)
+            if finish is not None:
+                finish(r)
+        return run
+    execute(ctx, algorithm, dtype, device, (send_flat,), (recv_flat,), bind)
+    return recv
+
+
+def alltoall(send, sendcounts, recv, recvcounts, algo="pairwise", comm=None):
+    """Send block ``j`` of ``send`` to rank ``j``; receive rank ``i``'s block for this rank
+    into block ``i`` of ``recv``. Returns ``recv``.
+
+    ``send``: a contiguous NumPy array or torch tensor of ``sum(sendcounts)`` elements, any
+    dtype, blocks in rank order; ``recv``: ``sum(recvcounts)`` elements of the same dtype,
+    in the same place. ``recvcounts[i]`` on this rank must be ``sendcounts[rank]`` on rank
+    ``i`` (only the block to itself can be checked here). ``algo``: ``pairwise`` or ``mpi``.
+
+    Synchronisation point: a collective, as :func:`allgather`, with matching counts and the
+    same ``algo`` on every rank.
+    """
+    size, rank = shape(comm)
+    algorithm = lookup("alltoall", algo)
+    send_bounds = block_bounds(sendcounts, size, "alltoall", "sendcounts")
+    recv_bounds = block_bounds(recvcounts, size, "alltoall", "recvcounts")
+    mine = send_bounds[rank + 1] - send_bounds[rank]
+    if recv_bounds[rank + 1] - recv_bounds[rank] != mine:
+        raise UsageError(f"alltoall: sendcounts[{rank}] = {mine} but recvcounts[{rank}] = "
+                         f"{recv_bounds[rank + 1] - recv_bounds[rank]} on rank {rank}: the "
+                         f"block a rank sends itself must be the block it receives from itself")
+    (send_bytes, recv_bytes), itemsize, device = byte_views("alltoall", send, recv)
+    expect_length("alltoall", "send", send, send_bounds[-1], "sum(sendcounts)")
+    expect_length("alltoall", "recv", recv, recv_bounds[-1], "sum(recvcounts)")
+    scaled_send = tuple(b * itemsize for b in send_bounds)
+    scaled_recv = tuple(b * itemsize for b in recv_bounds)
+    ctx = context(comm)
+
+    def bind(on_device):
+        return lambda s, r: algorithm.run(ctx.comm, s, scaled_send, r, scaled_recv)
+    execute(ctx, algorithm, BYTES, device, (send_bytes,), (recv_bytes,), bind)
+    return recv
+
+
+def companion(collective, allreduce_algo):
+    """The algorithm of ``collective`` (``allgather``, ``reducescatter`` or ``alltoall``)
+    that goes with the allreduce algorithm ``allreduce_algo``: the one of the same name
+    where there is one (``ring``, ``butterfly``, ``mpi``), else the collective's default
+    (``ring``, or ``pairwise`` for alltoall) — for ``tree``, ``ps``, ``ps-sharded``,
+    ``hierarchical``, ``horovod``, ``auto`` and any other name."""
+    if collective not in DEFAULTS:
+        raise UsageError(f"companion: unknown collective {collective!r}; valid choices: "
+                         f"{choices(DEFAULTS)}")
+    return allreduce_algo if allreduce_algo in REGISTRIES[collective] \
+        else DEFAULTS[collective]
+
+
+def lookup(collective, algo):
+    """The registered ``collective`` algorithm named ``algo``; a ``UsageError`` naming the
+    valid ones otherwise."""
+    found = REGISTRIES[collective].get(algo)
+    if found is None:
+        raise UsageError(f"unknown {collective} algorithm {algo!r}; valid choices: "
+                         f"{choices(REGISTRIES[collective])}")
+    return found
+
+
+def block_bounds(counts, size, what, name):
+    """The ``size + 1`` element offsets of the blocks of ``counts`` (one count per rank,
+    integers >= 0); a ``UsageError`` saying what is wrong otherwise."""
+    try:
+        values = [operator.index(c) for c in counts]
+    except TypeError:
+        raise UsageError(f"{what}: {name} must be a sequence of {size} integers (one "
+                         f"element count per rank), got {counts!r}") from None
+    if len(values) != size:
+        raise UsageError(f"{what}: {name} has {len(values)} entries, but the communicator "
+                         f"has {size} ranks: give one element count per rank")
+    negative = [i for i, c in enumerate(values) if c < 0]
+    if negative:
+        raise UsageError(f"{what}: {name}[{negative[0]}] = {values[negative[0]]} is "
+                         f"negative: counts are numbers of elements, 0 or more")
+    return (0, *accumulate(values))
+
+
+def byte_views(what, send, recv):
+    """``((send_bytes, recv_bytes), itemsize, device)``: both buffers as flat ``uint8``
+    views, after checking they hold one dtype in one place."""
+    send_bytes, send_type, send_device = flatten_bytes(send, what, writes=False)
+    recv_bytes, recv_type, recv_device = flatten_bytes(recv, what, writes=True)
+    same_type_and_place(what, (send_type, send_device), (recv_type, recv_device))
+    return (send_bytes, recv_bytes), _itemsize(send), send_device
+
+
+def same_type_and_place(what, send, recv):
+    """A ``UsageError`` unless ``send`` and ``recv`` (``(dtype name, device)``) agree."""
+    if send[0] != recv[0]:
+        raise UsageError(f"{what}: send is {send[0]} but recv is {recv[0]}: both buffers "
+                         f"must have the same dtype")
+    if send[1] != recv[1]:
+        raise UsageError(f"{what}: send is in {_place(send[1])} but recv is in "
+                         f"{_place(recv[1])}: both buffers must be in the same place")
+
+
+def expect_length(what, name, buf, count, meaning):
+    """A ``UsageError`` unless ``buf`` has ``count`` elements."""
+    have = _numel(buf)
+    if have != count:
+        raise UsageError(f"{what}: {name} has {have} elements, but {meaning} is {count}: "
+                         f"pass a {name} buffer of {count} elements")
+
+
+def execute(ctx, algorithm, dtype, device, inputs, outputs, bind):
+    """Run ``bind(on_device)(*inputs, *outputs)`` where the data is: on the host, on the
+    device (a CUDA-aware MPI and an algorithm that can), or through the pinned host buffer."""
+    if device is None:
+        bind(False)(*inputs, *outputs)
+    elif algorithm.device_capable(dtype, ctx.cuda_aware):
+        # MPI reads device memory directly: kernels that wrote it must be done.
+        sys.modules["torch"].cuda.current_stream(device).synchronize()
+        bind(True)(*inputs, *outputs)
+    else:
+        stage(ctx, dtype, inputs, outputs, bind(False))
+
+
+def _numel(buf):
+    return buf.size if hasattr(buf, "flags") else buf.numel()
+
+
+def _itemsize(buf):
+    return buf.itemsize if hasattr(buf, "flags") else buf.element_size()
+
+
+def _place(device):
+    return "host memory" if device is None else f"CUDA device {device}"
