@@ -54,3 +54,24 @@ def test_an_unknown_algorithm_fails_every_rank_with_the_valid_names(mpirun):
                  timeout=120, env={"HPCTRAIN_ALLREDUCE": "rign"})
     assert run.returncode != 0
     assert run.output.count("HPCTRAIN_ALLREDUCE='rign' is not an allreduce algorithm") == 2
+
+
+@pytest.mark.parametrize("np, algo", [(2, "ring"), (3, "butterfly")])
+def test_the_uneven_data_script_joins_and_ends_with_identical_replicas(mpirun, np, algo):
+    import sys
+
+    run = mpirun(np, [sys.executable, EXAMPLES / "uneven_data.py"], timeout=240,
+                 env={"HPCTRAIN_ALLREDUCE": algo})
+    assert run.returncode == 0, run.output
+    assert f"ranks {np}, algorithm {algo}," in run.output, run.output
+    steps = re.search(r"steps per rank \[([\d, ]+)\]", run.output)
+    assert steps, run.output
+    steps = [int(s) for s in steps.group(1).split(",")]
+    # Every rank stops at a step of its own: without join the job would hang.
+    assert len(steps) == np and len(set(steps)) == np, run.output
+    assert f"rank {steps.index(max(steps))} joined last" in run.output, run.output
+    accuracy = float(re.search(r"validation accuracy ([\d.]+)%", run.output).group(1))
+    assert accuracy > 70, run.output          # 3 classes: chance is 33%
+    sums = re.search(r"weight checksum per rank \[([^\]]+)\]", run.output)
+    assert sums and len(set(sums.group(1).split(", "))) == 1, run.output
+    assert len(sums.group(1).split(", ")) == np, run.output
