@@ -25,6 +25,8 @@ ENV_ALLREDUCE = "HPCTRAIN_ALLREDUCE"
 DEFAULT_ALLREDUCE = "ring"
 
 _STATE = {}
+#: Prefixes of names that count objects every rank makes alike (kept across a join).
+OBJECT_NAMES = ("DistributedOptimizer", "process_set")
 
 
 class World:
@@ -48,6 +50,7 @@ class World:
         self.hvd = None
         self._names = {}                    # (set id, prefix) -> next number
         self._names_lock = threading.Lock()
+        self._generation = 0                # joins completed (see renumber)
         self._next_set = 1
         self._cuda_aware = None
         global_process_set._register(0, list(range(self.size)), self.data_comm, self.rank)
@@ -62,7 +65,19 @@ class World:
         with self._names_lock:
             number = self._names.get((set_id, prefix), 0)
             self._names[(set_id, prefix)] = number + 1
+            if self._generation and prefix not in OBJECT_NAMES:
+                return f"{prefix}.{self._generation}.{number}"
         return f"{prefix}.{number}"
+
+    def renumber(self):
+        """After a ``join``, on every rank: count unnamed operations afresh. Ranks that ran
+        different numbers of steps before joining (the reason to join) made different
+        numbers of unnamed calls (backward's allreduces, say); without this, their next
+        unnamed calls would never pair up. Objects (optimizers, process sets) keep their
+        numbers: those were made by every rank alike."""
+        with self._names_lock:
+            self._names = {key: n for key, n in self._names.items() if key[1] in OBJECT_NAMES}
+            self._generation += 1
 
     def algorithm_for(self, collective):
         """The algorithm of ``collective`` that goes with this world's allreduce."""

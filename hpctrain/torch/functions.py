@@ -63,13 +63,19 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None,
 
     Unlike Horovod, an optimizer with no state yet is not stepped with zero gradients to
     create one (that step would change the weights under weight decay): all ranks keep an
-    empty state, which is already the same everywhere. A collective.
+    empty state, which is already the same everywhere. As after Horovod's call, every
+    parameter that requires a gradient and had none has a zero one. A collective.
     """
     from .basics import world
 
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
     w = world()
+    if not optimizer.state_dict()["state"]:
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.requires_grad and p.grad is None:
+                    p.grad = torch.zeros_like(p)
     state = broadcast_object(optimizer.state_dict() if w.rank == root_rank else None,
                              root_rank, "optimizer state", process_set)
     if w.rank != root_rank:

@@ -49,7 +49,7 @@ BUCKET_MB = 25.0
 class Bucket:
     """Parameters whose gradients are reduced together through one flat buffer."""
 
-    __slots__ = ("index", "names", "params", "buffer", "pending", "handle", "event")
+    __slots__ = ("index", "names", "params", "buffer", "pending", "handle", "event", "sparse")
 
     def __init__(self, index, named):
         self.index = index
@@ -57,16 +57,22 @@ class Bucket:
         self.params = [p for _, p in named]
         self.buffer = FlatBuffer(self.params)
         self.pending, self.handle, self.event = len(self.params), None, None
+        self.sparse = ()        # places whose gradient was sparse in this step
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     """The methods mixed into the user's optimizer class by :func:`DistributedOptimizer`."""
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
-                 gradient_predivide_factor, bucket_mb, overlap, process_set):
+                 gradient_predivide_factor, bucket_mb, overlap, process_set, sparse_as_dense):
         super(self.__class__, self).__init__(params)
         self._world = world()
-        self._process_set = member_set(self._world, process_set, "DistributedOptimizer")
+        # A rank outside the process set steps on its own gradients, as in Horovod.
+        self._process_set = process_set or global_process_set
+        self._member = self._world.rank in (self._process_set.ranks or ())
+        if self._member:
+            member_set(self._world, self._process_set, "DistributedOptimizer")
+        self._sparse_as_dense = bool(sparse_as_dense)
         # Buckets are named after the optimizer: the n-th optimizer made on every rank.
         self._name = self._world.next_name(0, "DistributedOptimizer")
         self._compression = compression
@@ -89,7 +95,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._next = 0
         # Over one rank an average, sum, min or max changes nothing: no bucket is filled.
         self._identity = (compression is Compression.none and self._predivide == 1.0)
-        self._skip = self._process_set.size() == 1 and self._identity
+        self._skip = not self._member or (self._process_set.size() == 1 and self._identity)
+        self._parameter_names = {p: n for n, p in named}     # Horovod's attribute
         self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready)
                        for p in self._where]
 
@@ -145,7 +152,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             start = time.perf_counter()
             # The copy into the bucket runs here, beside backward, not in the hook: torch
             # copies without the GIL, so it takes the other core while autograd goes on.
-            bucket.buffer.pack([p.grad for p in bucket.params])
+            grads = [p.grad for p in bucket.params]
+            bucket.sparse = [i for i, g in enumerate(grads) if g is not None and g.is_sparse]
+            for i in bucket.sparse:
+                # sparse_as_dense: reduced in the bucket like any gradient; otherwise by
+                # Horovod's allgather of indices and values, in synchronize().
+                grads[i] = grads[i].to_dense() if self._sparse_as_dense else None
+            bucket.buffer.pack(grads)
             flat = bucket.buffer.flat
             wire, ctx = self._compression.compress(flat)
             reduce_flat(comm, algo, wire, op, prescale, postscale)
@@ -175,16 +188,39 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     bucket.pending = 0
                     bucket.event = caller_event(bucket.params[:1])
             self._queue_ready()
+        sparse = []
         try:
             for bucket in self._buckets:
                 event = bucket.handle.wait()
                 if event is not None:
                     torch.cuda.current_stream(event.device).wait_event(event)
-                for p, slot in zip(bucket.params, bucket.buffer.slots):
-                    p.grad = slot   # the reduced gradient, in place: no copy back
+                for i, (p, slot) in enumerate(zip(bucket.params, bucket.buffer.slots)):
+                    if i not in bucket.sparse:
+                        p.grad = slot   # the reduced gradient, in place: no copy back
+                sparse.extend((bucket, i) for i in bucket.sparse)
+            self._reduce_sparse(sparse)
         finally:
             self._reset()
         self._synchronized = True
+
+    def _reduce_sparse(self, places):
+        """The sparse gradients of this step: reduced as sparse tensors (an allgather of
+        indices and values) unless ``sparse_as_dense``, when their dense reduction is in the
+        bucket already; either way ``param.grad`` is sparse again, as the optimizer expects
+        (``SparseAdam``)."""
+        from .ops.allreduce import sparse_allreduce_async
+
+        handles = []
+        for bucket, i in places:
+            p = bucket.params[i]
+            if self._sparse_as_dense:
+                p.grad = bucket.buffer.slots[i].to_sparse()
+            else:
+                handles.append((p, sparse_allreduce_async(
+                    p.grad, f"{self._name}.sparse.{bucket.names[i]}", self._op,
+                    self._process_set)))
+        for p, handle in handles:
+            p.grad = handle()
 
     def _reset(self):
         for bucket in self._buckets:
@@ -206,9 +242,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Synchronize (unless inside ``skip_synchronize``), then the wrapped step."""
         if self._should_synchronize:
             if self._synchronized:
-                warnings.warn("optimizer.step() called without a loss.backward() after "
-                              "optimizer.synchronize(): use `with optimizer.skip_synchronize()`"
-                              " around step()", stacklevel=2)
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
+                              "after optimizer.synchronize(), and without a loss.backward() "
+                              "in between: use `with optimizer.skip_synchronize()` around "
+                              "step()", stacklevel=2)
             self.synchronize()
         self._synchronized = False
         return super(self.__class__, self).step(closure)
@@ -275,12 +312,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step must be >= 1, got "
                          f"{backward_passes_per_step}")
-    del num_groups, groups, sparse_as_dense     # fusion is by bucket size here
+    del num_groups, groups     # fusion is by bucket size here
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     wrapped = cls(optimizer.param_groups, named_parameters, compression,
                   backward_passes_per_step, op, gradient_predivide_factor, bucket_mb, overlap,
-                  process_set)
+                  process_set, sparse_as_dense)
     wrapped.state = optimizer.state       # keep any state the optimizer already has
     return wrapped
 

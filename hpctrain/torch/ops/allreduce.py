@@ -264,13 +264,19 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
 
 
 class _SparseHandle:
-    """Two allgathers (indices, values) that :func:`synchronize` turns into the sum."""
+    """Two allgathers (indices, values) that :func:`synchronize`, or calling the handle as
+    Horovod's, turns into the sum."""
 
     def __init__(self, handles, tensor, op, process_set):
         self.handles, self.tensor, self.op, self.process_set = handles, tensor, op, process_set
         self.done = _Both(handles)
 
+    def __call__(self):
+        """The reduced sparse tensor (Horovod's handle is this function)."""
+        return self.wait()[0]
+
     def wait(self):
+        """Wait for both allgathers; ``(sparse result, None)``."""
         indices, values = (synchronize(h) for h in self.handles)
         if self.op == Average:
             values = values / self.process_set.size()

@@ -26,9 +26,14 @@ def join(device=-1):
 
     Allreduces that run while some ranks have joined average over all the ranks, as in
     Horovod (the joined ones count with zeros); any other collective fails on every rank
-    while a rank has joined. ``device`` is accepted for Horovod's signature.
+    while a rank has joined. Afterwards every rank numbers its unnamed operations afresh
+    (:meth:`World.renumber`), since the ranks made different numbers of them before joining.
+    ``device`` is accepted for Horovod's signature.
     """
-    return world().engine.join()
+    w = world()
+    last = w.engine.join()
+    w.renumber()
+    return last
 
 
 def add_process_set(process_set):
