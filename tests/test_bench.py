@@ -7,7 +7,7 @@ import h5py
 import pytest
 
 from hpctrain.bench.p2p import fit_alpha_beta
-from hpctrain.collectives import ALGORITHMS
+from hpctrain.collectives import ALGORITHMS, REGISTRIES
 from hpctrain.bench.sizes import format_size, parse_size, size_range
 from hpctrain.errors import UsageError
 
@@ -101,6 +101,42 @@ def test_bench_allreduce_rejects_an_unknown_algorithm_on_every_rank(mpirun, hpct
     assert result.returncode == 2
     assert "unknown algorithm(s) rign in --algos; valid:" in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("collective", ["allgather", "reducescatter", "alltoall"])
+def test_bench_collective_table_json_and_bus_factor(mpirun, hpctrain_cmd, tmp_path, collective):
+    out_json = tmp_path / f"{collective}.json"
+    algos = sorted(REGISTRIES[collective])
+    op = ["-o", "prod"] if collective == "reducescatter" else []
+    result = mpirun(3, [*hpctrain_cmd, "bench", collective, "--algos", ",".join(algos),
+                        "-b", "96", "-e", "6K", "-f", "8", "-n", "3", "-w", "1", *op,
+                        "--json", out_json], timeout=180)
+    assert result.returncode == 0, result.output
+    out = result.output
+    assert out.startswith("# hpctrain") and f"bench {collective}" in out, out[:200]
+    assert "# busbw = algbw * (p-1)/p = algbw * 0.667" in out, out
+    rows = ROW.findall(out)
+    # 96 B, 768 B, 6 KiB of float32 in 3 equal blocks: 24, 192, 1536 elements in all.
+    assert [(int(r[0]), int(r[1]), r[3], r[4]) for r in rows] == \
+        [(4 * count, count, "prod" if op else "none", algo) for count in (24, 192, 1536)
+         for algo in algos], out
+    assert all(r[10] == "0" for r in rows) and "# Out of bounds values : 0 OK" in out
+    document = json.loads(out_json.read_text())
+    assert document["benchmark"] == collective and document["wrong"] == 0
+    for row in document["rows"]:
+        assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"] * 2 / 3)
+
+
+def test_bench_collective_exits_non_zero_on_a_wrong_value(mpirun, hpctrain_cmd):
+    result = mpirun(2, [*hpctrain_cmd, "bench", "reducescatter", "--algos", "butterfly", "-b",
+                        "64", "-e", "64", "-n", "1", "-w", "0"], timeout=120,
+                    env={"HPCTRAIN_FAULT": "bench.corrupt@1"})
+    assert result.returncode == 1, result.output
+    assert "# Out of bounds values : 1 FAILED" in result.output
+    unknown = mpirun(2, [*hpctrain_cmd, "bench", "alltoall", "--algos", "ring"], timeout=60)
+    assert unknown.returncode == 2
+    assert "unknown alltoall algorithm(s) ring in --algos; valid: mpi, pairwise" \
+        in unknown.output and "Traceback" not in unknown.output
 
 
 def test_bench_p2p_fits_alpha_and_beta(mpirun, hpctrain_cmd, tmp_path):

@@ -74,3 +74,22 @@ def test_auto_chooses_hierarchical_from_a_two_level_profile():
     one_node = auto.Profile.from_dict({"fitted": TWO_LEVEL.as_dict(),
                                        "p2p_prior": TWO_LEVEL.as_dict()})
     assert one_node.choose(256 << 20, 4096) != "hierarchical"
+
+
+def test_the_other_collectives_carry_their_costs_beside_allreduce():
+    # n = 4 MiB on p = 4 (a power of two) and p = 3 (one folded pair).
+    n = 4 << 20
+    assert cost.coefficients("ring", n, 4, collective="allgather") == (3, 0.75 * n, 0, 0, 0)
+    assert cost.coefficients("butterfly", n, 4, collective="allgather") == \
+        (2, 0.75 * n, 0, 0, 0)
+    assert cost.coefficients("butterfly", n, 3, collective="reducescatter") == \
+        (3, 0.5 * n + n + n / 3, 1.5 * n, 0, 0)
+    assert cost.coefficients("pairwise", n, 4, collective="alltoall")[:2] == (3, 0.75 * n)
+    # The ring allreduce is its reduce-scatter and its allgather, in time as in code.
+    both = [a + b for a, b in zip(cost.coefficients("ring", n, 4, collective="reducescatter"),
+                                  cost.coefficients("ring", n, 4, collective="allgather"))]
+    assert tuple(both) == cost.coefficients("ring", n, 4)
+    # The fit and auto see allreduce algorithms only.
+    assert "pairwise" not in cost.modelled()
+    with pytest.raises(KeyError, match="no cost formula for alltoall 'mpi'"):
+        cost.coefficients("mpi", n, 4, collective="alltoall")

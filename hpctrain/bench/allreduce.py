@@ -29,7 +29,7 @@ from .sizes import format_size, size_range
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
           "float64": torch.float64, "int32": torch.int32, "int64": torch.int64}
-OPS = ("sum", "avg", "min", "max")
+OPS = ("sum", "avg", "min", "max", "prod")
 COLUMNS = ("size", "count", "type", "redop", "algo", "time_min_us", "time_avg_us",
            "time_max_us", "time_median_us", "algbw_GBps", "busbw_GBps", "wrong")
 
@@ -159,12 +159,23 @@ def measure(buf, algos, args, comm, reference=False, awareness=None):
     each round: on a shared machine the load drifts within seconds, and a first algorithm
     timed in one block would meet other conditions than the last (10-25 % at 4 MiB here).
     """
-    from mpi4py import MPI
-
     buf.zero_()
     calls = {algo: _allreduce_call(buf, algo, args.op, comm) for algo in algos}
     if reference:
         calls[SENDRECV] = sendrecv_call(buf, comm, sendrecv_path(buf, awareness))
+    times = time_calls(calls, args, comm, buf)
+    return [_row(buf, name, np.array(times[name]), args, comm) for name in calls]
+
+
+def time_calls(calls, args, comm, buf):
+    """``{name: [seconds of each timed call on this rank]}`` for ``calls`` (name -> a
+    function of no arguments), timed as :func:`measure` says; ``buf``: a tensor whose
+    device is synchronised around each timed loop.
+
+    Synchronisation point: every rank must time the same calls in the same order.
+    """
+    from mpi4py import MPI
+
     names = list(calls)
     for call in calls.values():
         for _ in range(args.warmup):
@@ -187,7 +198,7 @@ def measure(buf, algos, args, comm, reference=False, awareness=None):
             _sync(buf)
             stamps[-1] = wtime()
             times[name].extend(np.diff(stamps))
-    return [_row(buf, name, np.array(times[name]), args, comm) for name in names]
+    return times
 
 
 #: The name of the reference row (one bare Sendrecv per rank pair), and its messages' tag.
@@ -281,6 +292,13 @@ def reference_lines(rows, reference, ranks):
 
 
 def _row(buf, algo, calls, args, comm):
+    return timing_row(buf.numel() * buf.element_size(), buf.numel(), args.dtype, args.op,
+                      algo, calls, comm, bus_factor(comm.size))
+
+
+def timing_row(nbytes, count, dtype, redop, algo, calls, comm, factor):
+    """One table row from this rank's call times ``calls`` (collective: min, mean and max
+    over ranks, and the slowest rank's median); ``busbw = algbw * factor``."""
     from mpi4py import MPI
 
     seconds = float(calls.mean())
@@ -288,12 +306,11 @@ def _row(buf, algo, calls, args, comm):
     mean = comm.allreduce(seconds, op=MPI.SUM) / comm.size
     # The median call, for fits that must not be swayed by a rank that lost its core once.
     median = comm.allreduce(float(np.median(calls)), op=MPI.MAX)
-    nbytes = buf.numel() * buf.element_size()
     algbw = nbytes / high / 1e9 if high > 0 else 0.0
-    return {"size": nbytes, "count": buf.numel(), "type": args.dtype, "redop": args.op,
+    return {"size": nbytes, "count": count, "type": dtype, "redop": redop,
             "algo": algo, "time_min_us": low * 1e6, "time_avg_us": mean * 1e6,
             "time_max_us": high * 1e6, "time_median_us": median * 1e6, "algbw_GBps": algbw,
-            "busbw_GBps": algbw * bus_factor(comm.size)}
+            "busbw_GBps": algbw * factor}
 
 
 def bus_factor(ranks):
@@ -302,7 +319,8 @@ def bus_factor(ranks):
 
 
 def check_input(count, rank, dtype, device="cpu"):
-    """Rank ``rank``'s correctness input: integers in [-3, 3], exact in every dtype."""
+    """Rank ``rank``'s correctness input: integers in [-3, 3], exact in every dtype (a
+    product of 4 of them too)."""
     index = torch.arange(count, dtype=torch.int64, device=device)
     return ((index + 3 * rank) % 7 - 3).to(dtype)
 
@@ -313,7 +331,7 @@ def expected(count, ranks, op, dtype):
     for rank in range(1, ranks):
         other = check_input(count, rank, torch.float64)
         acc = {"sum": torch.add, "avg": torch.add, "min": torch.minimum,
-               "max": torch.maximum}[op](acc, other)
+               "max": torch.maximum, "prod": torch.mul}[op](acc, other)
     if op == "avg":
         # The collectives' definition: the sum divided by p, floor division for integers.
         floating = torch.empty(0, dtype=dtype).is_floating_point()

@@ -1,10 +1,12 @@
-"""``hpctrain bench``: the allreduce and point-to-point benchmarks."""
+"""``hpctrain bench``: the allreduce, allgather, reduce-scatter, alltoall and point-to-point
+benchmarks."""
 
 from .sizes import parse_size
 
 
 def add_parser(subparsers):
-    """Register ``bench allreduce`` and ``bench p2p``."""
+    """Register ``bench allreduce``, ``allgather``, ``reducescatter``, ``alltoall`` and
+    ``p2p``."""
     parser = subparsers.add_parser(
         "bench", help="benchmarks: allreduce algorithms side by side, point-to-point α/β",
         description="Benchmarks modelled on nccl-tests. Run under mpirun, e.g. "
@@ -18,18 +20,23 @@ def add_parser(subparsers):
                     "algorithm (time min/avg/max over ranks, algbw, busbw = algbw*2(p-1)/p, "
                     "#wrong) and a footer. Exits 1 if any value was wrong.")
     _common(allreduce, default_min="8", default_max="64M")
-    allreduce.add_argument("--algos", default="", metavar="A,B,...",
-                           help="algorithms to compare (default: all available)")
-    allreduce.add_argument("-c", "--check", type=int, default=1, choices=(0, 1),
-                           help="check results in a separate pass (default: 1)")
-    allreduce.add_argument("-d", "--dtype", default="float32",
-                           help="float16, bfloat16, float32, float64, int32 or int64")
-    allreduce.add_argument("-o", "--op", default="sum", help="sum, avg, min or max")
+    _collective(allreduce, op=True)
     allreduce.add_argument("--profile", metavar="PARAMS_JSON",
                            help="the profile for --algos auto: params.json of a study")
-    allreduce.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
-                           help="where the buffers live (cuda: one GPU per local rank)")
     allreduce.set_defaults(func=_run_allreduce)
+
+    for name, what in (("allgather", "every rank's block to every rank"),
+                       ("reducescatter", "reduce, each rank keeping its block"),
+                       ("alltoall", "block j of every rank to rank j")):
+        parser_ = kinds.add_parser(
+            name, help=f"time every {name} algorithm per size ({what}); check the results",
+            description=f"Time each {name} algorithm at each size on the same buffers, side "
+                        f"by side, as bench allreduce does. size is the whole vector (p "
+                        f"equal blocks); busbw = algbw*(p-1)/p. Exits 1 if any value was "
+                        f"wrong.")
+        _common(parser_, default_min="1K", default_max="64M")
+        _collective(parser_, op=name == "reducescatter")
+        parser_.set_defaults(func=_run_blocks, collective=name)
 
     p2p = kinds.add_parser(
         "p2p", help="ping-pong latency and bandwidth between ranks 0 and 1 (α and β)",
@@ -55,6 +62,22 @@ def _common(parser, default_min, default_max):
     parser.add_argument("--hdf5", metavar="FILE", help="also write the results as HDF5")
 
 
+def _collective(parser, op):
+    """The options every collective's benchmark takes; ``op``: it reduces (``-o``)."""
+    parser.add_argument("--algos", default="", metavar="A,B,...",
+                        help="algorithms to compare (default: all available)")
+    parser.add_argument("-c", "--check", type=int, default=1, choices=(0, 1),
+                        help="check results in a separate pass (default: 1)")
+    parser.add_argument("-d", "--dtype", default="float32",
+                        help="float16, bfloat16, float32, float64, int32 or int64")
+    if op:
+        parser.add_argument("-o", "--op", default="sum", help="sum, avg, min, max or prod")
+    else:
+        parser.set_defaults(op="sum")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                        help="where the buffers live (cuda: one GPU per local rank)")
+
+
 def _size(text):
     import argparse
 
@@ -72,6 +95,14 @@ def _run_allreduce(args):
     from . import allreduce
 
     return 1 if allreduce.run(args, MPI.COMM_WORLD) else 0
+
+
+def _run_blocks(args):
+    from mpi4py import MPI
+
+    from . import blocks
+
+    return 1 if blocks.run(args.collective, args, MPI.COMM_WORLD) else 0
 
 
 def _run_p2p(args):

@@ -26,6 +26,20 @@ butterfly, large   2 lg p' (+2 if r)       2n(p'-1)/p' (+2n)    n(p'-1)/p' (+n)
 ps (k servers)     2(p-1)                  2n(p-1)/k            n(p-1)/k
 =================  ======================  ===================  ===================
 
+The allgather, reduce-scatter and alltoall algorithms carry their costs too (``n``: the
+whole vector's bytes); ``coefficients`` and ``predict`` take ``collective=`` for them. They
+are not fitted (the fit and ``auto`` see allreduce only), and their ``mpi`` is not modelled:
+
+=======================  ====================  ===================  ===================
+algorithm                a (messages)          b (bytes on a link)  c (bytes reduced)
+=======================  ====================  ===================  ===================
+allgather ring           p-1                   n(p-1)/p             0
+allgather butterfly      lg p' (+2 if r)       n(p'-1)/p' (+n)      0
+reducescatter ring       p-1                   n(p-1)/p             n(p-1)/p
+reducescatter butterfly  lg p' (+2 if r)       n(p'-1)/p' (+n+n/p)  n(p'-1)/p' (+n)
+alltoall pairwise        p-1                   n(p-1)/p             0
+=======================  ====================  ===================  ===================
+
 ``mpi`` is predicted as the better of ring and butterfly (what a tuned library picks) and is
 not fitted; Horovod adds a negotiation cycle of about 1 ms that this model does not have, so
 it is not modelled. Nothing here imports MPI.
@@ -36,7 +50,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .algorithm import ALGORITHMS
+from .algorithm import ALGORITHMS, REGISTRIES
 
 #: The butterfly's default switch to Rabenseifner, for studies that do not set it.
 DEFAULT_SWITCH_BYTES = 64 << 10
@@ -88,28 +102,32 @@ def fitted_algorithms():
     return tuple(name for name in modelled() if ALGORITHMS[name].fitted)
 
 
-def _values(algo, ranks, options):
-    algorithm = ALGORITHMS.get(algo)
+def _values(algo, ranks, options, collective="allreduce"):
+    algorithm = REGISTRIES[collective].get(algo)
     if algorithm is None or not algorithm.modelled:
-        raise KeyError(f"no cost formula for {algo!r}; modelled: {', '.join(modelled())}")
+        names = [name for name, a in REGISTRIES[collective].items() if a.modelled]
+        raise KeyError(f"no cost formula for {collective} {algo!r}; modelled: "
+                       f"{', '.join(names)}")
     known = {key: value for key, value in options.items() if key in algorithm.options}
     return algorithm, algorithm.parameters(ranks, known)
 
 
-def coefficients(algo, nbytes, ranks, nodes=1, **options):
-    """The cost vector (a, b, c, a', b') of ``algo`` for ``nbytes`` on ``ranks`` ranks over
-    ``nodes`` nodes; ``options`` are the algorithm's (others are ignored)."""
+def coefficients(algo, nbytes, ranks, nodes=1, collective="allreduce", **options):
+    """The cost vector (a, b, c, a', b') of ``collective``'s ``algo`` for ``nbytes`` on
+    ``ranks`` ranks over ``nodes`` nodes; ``options`` are the algorithm's (others are
+    ignored)."""
     if ranks == 1:
         return (0.0,) * len(FIELDS)
-    algorithm, values = _values(algo, int(ranks), options)
+    algorithm, values = _values(algo, int(ranks), options, collective)
     return tuple(algorithm.cost(float(nbytes), int(ranks), int(nodes), values))
 
 
-def predict(algo, nbytes, ranks, params, nodes=1, **options):
-    """Predicted seconds of one allreduce of ``nbytes`` on ``ranks`` ranks over ``nodes``."""
+def predict(algo, nbytes, ranks, params, nodes=1, collective="allreduce", **options):
+    """Predicted seconds of one ``collective`` (default allreduce) of ``nbytes`` on ``ranks``
+    ranks over ``nodes``."""
     if ranks == 1:
         return 0.0
-    algorithm, values = _values(algo, int(ranks), options)
+    algorithm, values = _values(algo, int(ranks), options, collective)
     return algorithm.predict(float(nbytes), int(ranks), int(nodes), values, params)
 
 
