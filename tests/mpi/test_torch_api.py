@@ -304,7 +304,7 @@ def test_a_bad_argument_on_one_rank_fails_every_rank(algo, comm):
 def test_what_is_not_supported_says_so(algo, comm):
     ours(algo)
     with pytest.raises(NotImplementedError, match="does not support elastic training"):
-        hvd.elastic
+        _ = hvd.elastic
     with pytest.raises(TypeError, match="process_set must be an hvd.ProcessSet"):
         hvd.allreduce(torch.ones(2), process_set=object())
     hvd.barrier()

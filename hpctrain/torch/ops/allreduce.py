@@ -280,7 +280,8 @@ class _SparseHandle:
         indices, values = (synchronize(h) for h in self.handles)
         if self.op == Average:
             values = values / self.process_set.size()
-        result = torch.sparse_coo_tensor(indices.t(), values, self.tensor.shape).coalesce()
+        result = torch.sparse_coo_tensor(indices.t(), values, self.tensor.shape,
+                                         check_invariants=False).coalesce()
         return result, None
 
 
