@@ -35,6 +35,9 @@ import numpy as np
 CYCLE_S = float(os.environ.get("HPCTRAIN_CYCLE_TIME_MS", "1")) / 1000
 #: Seconds between polls of a negotiation that other ranks have not joined yet.
 POLL_S = 0.0001
+#: Seconds every rank must have been blocked on operations no other rank asked for before
+#: they all fail as a deadlock (``HPCTRAIN_DEADLOCK_S``).
+DEADLOCK_S = float(os.environ.get("HPCTRAIN_DEADLOCK_S", "2"))
 #: Tests of a negotiation before the thread starts sleeping between them.
 SPINS = 200
 #: Seconds an operation may wait for other ranks before rank 0 names the missing ones
@@ -46,19 +49,42 @@ class HorovodInternalError(RuntimeError):
     """An operation failed on every rank that asked for it (mismatch, shutdown, join)."""
 
 
+class Waiters:
+    """How many of this rank's threads are blocked waiting for an operation; told to the
+    other ranks in every negotiation, so that a deadlock can be recognised."""
+
+    def __init__(self):
+        self.count = 0
+        self._lock = threading.Lock()
+
+    def wait(self, event):
+        """``event.wait()``, counted."""
+        with self._lock:
+            self.count += 1
+        try:
+            event.wait()
+        finally:
+            with self._lock:
+                self.count -= 1
+
+
 class Handle:
     """One operation of this rank: ``wait()`` returns its result or raises its error."""
 
-    __slots__ = ("result", "error", "done", "name", "set_id")
+    __slots__ = ("result", "error", "done", "name", "set_id", "waiters")
 
     def __init__(self, name=None, set_id=0):
         self.name, self.set_id = name, set_id
-        self.result = self.error = None
+        self.result = self.error = self.waiters = None
         self.done = threading.Event()
 
     def wait(self):
         """Block until the operation has run; return its result or raise its error."""
-        self.done.wait()
+        if not self.done.is_set():
+            if self.waiters is None:
+                self.done.wait()
+            else:
+                self.waiters.wait(self.done)
         if self.error is not None:
             raise self.error
         return self.result
@@ -97,6 +123,10 @@ class Request:
 INVALID = ("invalid",)
 
 
+def _ranks(ranks):
+    return ", ".join(map(str, sorted(ranks)))
+
+
 def _label(name, signature):
     """How the timeline shows an operation: named by its kind, as Horovod's."""
     return f"{signature[0]}.{name}" if name.startswith("noname.") else name
@@ -132,6 +162,9 @@ class Engine:
         self._join_handle = None
         self._stalled = set()
         self._started = 0.0             # when the last negotiation began (monotonic)
+        self._waiters = Waiters()
+        self._blocked = [False] * self.size     # per rank, from the last negotiation
+        self._deadlock_cycles = 0
         self._stop = threading.Event()
         self._ended = None
         self._thread = threading.Thread(target=self._serve, name="hpctrain-comm", daemon=True)
@@ -149,6 +182,7 @@ class Engine:
                              f"name as another tensor that is currently being processed: "
                              f"{request.name!r}. Names in flight must be unique.")
         self._mine[request.key] = request
+        request.handle.waiters = self._waiters
         if self.timeline is not None:
             self.timeline.begin(_label(request.name, request.signature),
                                 f"NEGOTIATE_{request.signature[0].upper()}")
@@ -159,6 +193,7 @@ class Engine:
         """This rank has no more data: take part in the others' allreduces with zeros until
         every rank has joined; return the rank that joined last. Blocks."""
         handle = Handle("join")
+        handle.waiters = self._waiters
         self._queue.put(("join", handle))
         return handle.wait()
 
@@ -195,8 +230,10 @@ class Engine:
                               "one of the ranks or an attempt to run a collective after one "
                               "of the ranks finished execution.")
                     break
-                self._run_ready()
+                ran = self._run_ready()
                 self._warn_stalls()
+                # Whether anything was asked or ran is known alike on every rank.
+                self._break_deadlock(ran or any(gathered))
         except BaseException as exc:  # noqa: B036 - every waiting caller must hear of it
             reason = f"the communication thread failed: {exc!r}"
             raise
@@ -245,8 +282,10 @@ class Engine:
         from mpi4py import MPI
 
         payload = pickle.dumps(mine, protocol=pickle.HIGHEST_PROTOCOL) if mine else b""
-        counts = np.zeros(self.size, dtype=np.int64)
-        request = self.comm.Iallgather(np.array([len(payload)], dtype=np.int64), counts)
+        # Per rank: the bytes of its requests, and whether a thread of it waits for one.
+        both = np.zeros((self.size, 2), dtype=np.int64)
+        request = self.comm.Iallgather(
+            np.array([len(payload), self._waiters.count > 0], dtype=np.int64), both)
         # A few tests first (the others are often there already), then short sleeps, so
         # that a thread waiting for a slow rank leaves the core to the computation.
         spins = SPINS
@@ -257,6 +296,8 @@ class Engine:
             if self._stop.is_set():
                 return None
             time.sleep(POLL_S)
+        counts, blocked = both[:, 0], both[:, 1]
+        self._blocked = blocked.astype(bool).tolist()
         if not counts.any():
             return [[] for _ in range(self.size)]
         data = np.empty(int(counts.sum()), dtype=np.uint8)
@@ -293,7 +334,9 @@ class Engine:
         return self.sets[set_id].ranks
 
     def _run_ready(self):
-        """Run every operation that all its ranks asked for, in table order."""
+        """Run every operation that all its ranks asked for, in table order; True if any
+        ran (or failed)."""
+        ran = False
         for key in list(self._table):
             entry = self._table[key]
             members = self._members(key[0]) if key[0] in self.sets else None
@@ -306,12 +349,41 @@ class Engine:
             del self._table[key]
             self._stalled.discard(key)
             self._run_entry(key, entry, members, joined)
+            ran = True
         if self._joined and len(self._joined) == self.size:
             last = max(self._joined, key=self._joined.get)
             self._joined.clear()
             handle, self._join_handle = self._join_handle, None
             if handle is not None:
                 handle.finish(last)
+            ran = True
+        return ran
+
+    def _break_deadlock(self, moved):
+        """Fail everything in flight, on every rank, once every rank has been blocked
+        waiting for operations that no other rank asked for, for ``DEADLOCK_S`` seconds
+        with nothing asked or run meanwhile (ranks that issued different names, say). Every
+        rank sees the same table and the same flags, so all decide alike."""
+        if moved or not self._table or not all(self._blocked):
+            self._deadlock_cycles = 0
+            return
+        # Counted in negotiations, not in each rank's own seconds: every rank counts the
+        # same cycles, so all of them decide in the same one. A busy negotiation takes at
+        # least a cycle (CYCLE_S), so this is at least DEADLOCK_S.
+        self._deadlock_cycles += 1
+        if self._deadlock_cycles < DEADLOCK_S / max(CYCLE_S, 0.001):
+            return
+        self._deadlock_cycles = 0
+        waits = []
+        for (set_id, name), entry in self._table.items():
+            members = self._members(set_id) if set_id in self.sets else []
+            missing = [r for r in members if r not in entry.signatures]
+            waits.append(f"{name!r} asked for by rank(s) {_ranks(entry.signatures)}, never by "
+                         f"rank(s) {_ranks(missing)}")
+        why = ("deadlock: every rank is waiting for an operation that another rank will "
+               "never ask for (ranks must ask for the same names): " + "; ".join(waits))
+        for key, entry in list(self._table.items()):
+            self._fail_entry(key, entry, why)
 
     def _run_entry(self, key, entry, members, joined):
         signatures = set(entry.signatures.values())

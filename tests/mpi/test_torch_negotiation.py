@@ -122,6 +122,20 @@ def test_ranks_that_disagree_all_raise(torch_algo, comm, what):
     all_ranks(comm, ok, [repr(error)])
 
 
+def test_ranks_that_ask_for_different_names_all_fail_as_a_deadlock(torch_algo, comm):
+    several_ranks(comm, "one rank cannot wait for another")
+    # Every rank waits for a name no other rank asks for: each would wait for ever. Once all
+    # of them have been blocked so for HPCTRAIN_DEADLOCK_S (2 s), all fail together.
+    error = raised(lambda: hvd.allreduce(torch.ones(2), name=f"only.{comm.rank}"))
+    hvd.barrier()
+    others = [r for r in range(comm.size) if r != comm.rank]
+    text = str(error)
+    ok = (isinstance(error, hvd.HorovodInternalError) and text.startswith("deadlock")
+          and f"'allreduce.only.{comm.rank}' asked for by rank(s) {comm.rank}, never by "
+              f"rank(s) {', '.join(map(str, others))}" in text)
+    all_ranks(comm, ok, [repr(error)])
+
+
 @pytest.mark.parametrize("bad", ["splits", "type", "scalar"])
 def test_a_bad_argument_on_one_rank_raises_there_and_fails_the_others(torch_algo, comm, bad):
     culprit = comm.size - 1 if bad == "type" else 0
