@@ -139,6 +139,42 @@ def test_bench_collective_exits_non_zero_on_a_wrong_value(mpirun, hpctrain_cmd):
         in unknown.output and "Traceback" not in unknown.output
 
 
+def test_bench_broadcast_from_a_root_other_than_0_with_bus_factor_1(mpirun, hpctrain_cmd,
+                                                                     tmp_path):
+    out_json = tmp_path / "broadcast.json"
+    algos = sorted(REGISTRIES["broadcast"])
+    result = mpirun(3, [*hpctrain_cmd, "bench", "broadcast", "--algos", ",".join(algos),
+                        "--root", "2", "-b", "100", "-e", "6400", "-f", "8", "-n", "3", "-w",
+                        "1", "--json", out_json], timeout=180)
+    assert result.returncode == 0, result.output
+    out = result.output
+    assert out.startswith("# hpctrain") and "bench broadcast" in out and " root 2" in out
+    assert "# busbw = algbw (factor 1, as nccl-tests' broadcast); size: the whole vector, " \
+        "from root 2" in out, out
+    rows = ROW.findall(out)
+    # 100 B, 800 B, 6400 B of float32, not cut into blocks: 25, 200, 1600 elements.
+    assert [(int(r[0]), int(r[1]), r[3], r[4]) for r in rows] == \
+        [(4 * count, count, "none", algo) for count in (25, 200, 1600) for algo in algos], out
+    assert all(r[10] == "0" for r in rows) and "# Out of bounds values : 0 OK" in out
+    document = json.loads(out_json.read_text())
+    assert document["benchmark"] == "broadcast" and document["wrong"] == 0
+    assert document["settings"]["root"] == 2
+    assert all(row["busbw_GBps"] == row["algbw_GBps"] for row in document["rows"])
+
+
+def test_bench_broadcast_counts_a_wrong_value_and_rejects_a_root_out_of_range(mpirun,
+                                                                                hpctrain_cmd):
+    result = mpirun(2, [*hpctrain_cmd, "bench", "broadcast", "--algos", "scatter_allgather",
+                        "-b", "64", "-e", "64", "-n", "1", "-w", "0"], timeout=120,
+                    env={"HPCTRAIN_FAULT": "bench.corrupt@1"})
+    assert result.returncode == 1, result.output
+    assert "# Out of bounds values : 1 FAILED" in result.output
+    bad = mpirun(2, [*hpctrain_cmd, "bench", "broadcast", "--root", "2"], timeout=60)
+    assert bad.returncode == 2
+    assert "--root 2 is not a rank: valid values are 0 to 1" in bad.output \
+        and "Traceback" not in bad.output
+
+
 def test_bench_p2p_fits_alpha_and_beta(mpirun, hpctrain_cmd, tmp_path):
     out_json = tmp_path / "p2p.json"
     # Up to 8 MiB, so the largest message's copy time (milliseconds) stands well above the

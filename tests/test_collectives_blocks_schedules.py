@@ -1,10 +1,11 @@
-"""The allgather, reduce-scatter and alltoall algorithms, run without MPI on 1 to 9 ranks.
+"""The allgather, reduce-scatter, alltoall and broadcast algorithms, run without MPI on 1 to 9
+ranks.
 
 Each rank is a thread running the algorithm's own ``run`` over the in-memory communicator of
 tests/fake_comm.py (every receive must match its message's size exactly), once with every
 send buffered and once with every send synchronous, where an ordering that relies on MPI
 buffering deadlocks and is reported. This covers the non-powers of two 5, 6, 7 and 9 and
-the uneven blocks that the MPI suite (np = 1..4) cannot reach.
+the uneven blocks that the MPI suite (np = 1..4) cannot reach; broadcast from every root.
 """
 
 import numpy as np
@@ -12,6 +13,7 @@ import pytest
 
 from fake_comm import BUFFERED, Deadlock, run_ranks
 from hpctrain.collectives import DTYPES, REGISTRIES, algorithm
+from hpctrain.collectives.broadcast_scatter_allgather import scatter_allgather_schedule
 from hpctrain.collectives.reduce import host_reducer
 
 EAGER = [pytest.param(0, id="sync"), pytest.param(BUFFERED, id="buffered")]
@@ -102,6 +104,44 @@ def test_alltoall_delivers_every_block_to_its_rank(algo, size, eager):
     for rank, got in enumerate(run_ranks(size, rank_main, eager)):
         want = np.concatenate([block(i, rank) for i in range(size)])
         assert np.array_equal(got, want), (algo, size, rank)
+
+
+@pytest.mark.parametrize("eager", EAGER)
+@pytest.mark.parametrize("size", range(1, 10))
+@pytest.mark.parametrize("algo", ours("broadcast"))
+def test_broadcast_gives_every_rank_the_roots_bytes(algo, size, eager):
+    algo_ = REGISTRIES["broadcast"][algo]
+    # No bytes, one, fewer than ranks (empty chunks), uneven chunks, a prime.
+    for nbytes in sorted({0, 1, size - 1, 3 * size + 2, 101}):
+        for root in range(size):
+            def rank_main(comm):
+                rank = comm.Get_rank()
+                buf = values(rank, nbytes).astype(np.uint8)     # each rank's differ
+                buf.flags.writeable = rank != root     # the root's vector is only read
+                algo_.run(comm, buf, root)
+                return buf
+
+            want = values(root, nbytes).astype(np.uint8)
+            for rank, got in enumerate(run_ranks(size, rank_main, eager)):
+                assert np.array_equal(got, want), (algo, size, nbytes, root, rank)
+
+
+@pytest.mark.parametrize("size", range(1, 10))
+def test_the_scatter_sends_each_chunk_once_and_leaves_every_rank_its_own(size):
+    # The cost model's scatter: the root sends the n(p-1)/p bytes it does not keep, each
+    # byte once along the tree, and every rank receives its own chunk.
+    nbytes = 7 * size + 3
+    for root in range(size):
+        scheds = [scatter_allgather_schedule(size, r, nbytes, root) for r in range(size)]
+        bounds = algorithm.chunk_bounds(nbytes, size)
+        assert sum(hi - lo for _, lo, hi in scheds[root].sends) == nbytes - bounds[1]
+        for rank, sched in enumerate(scheds):
+            vrank = (rank - root) % size
+            if rank != root:
+                lo, hi = sched.receive
+                assert lo == bounds[vrank] and hi >= bounds[vrank + 1], (size, root, rank)
+                parent = scheds[sched.parent]
+                assert (rank, lo, hi) in parent.sends, (size, root, rank)
 
 
 def test_an_alltoall_that_sends_before_it_receives_deadlocks_only_when_sends_are_synchronous():

@@ -93,3 +93,20 @@ def test_the_other_collectives_carry_their_costs_beside_allreduce():
     assert "pairwise" not in cost.modelled()
     with pytest.raises(KeyError, match="no cost formula for alltoall 'mpi'"):
         cost.coefficients("mpi", n, 4, collective="alltoall")
+
+
+def test_scatter_allgather_broadcast_beats_the_tree_only_for_large_messages():
+    n = 4 << 20
+    assert cost.coefficients("tree", n, 5, collective="broadcast") == (3, 3 * n, 0, 0, 0)
+    assert cost.coefficients("scatter_allgather", n, 4, collective="broadcast") == \
+        (5, 1.5 * n, 0, 0, 0)
+    # The tree allreduce is a reduce then this broadcast: its second half, in time as in code.
+    assert cost.coefficients("tree", n, 8, collective="broadcast")[:2] == \
+        tuple(c / 2 for c in cost.coefficients("tree", n, 8)[:2])
+    machine = cost.Params(alpha=20e-6, beta=1e-9, gamma=0.0)
+    for p in (3, 4, 8):
+        def time(algo, nbytes, p=p):
+            return cost.predict(algo, nbytes, p, machine, collective="broadcast")
+        assert time("scatter_allgather", 64 << 20) < time("tree", 64 << 20)
+        assert time("scatter_allgather", 1024) > time("tree", 1024)
+    assert cost.predict("tree", n, 1, machine, collective="broadcast") == 0.0

@@ -124,6 +124,7 @@ def test_every_algorithm_module_registers_its_algorithm():
     assert available("allgather") == ["butterfly", "mpi", "ring"]
     assert available("reducescatter") == ["butterfly", "mpi", "ring"]
     assert available("alltoall") == ["mpi", "pairwise"]
+    assert available("broadcast") == ["mpi", "scatter_allgather", "tree"]
     assert set(DTYPES) == {"float16", "bfloat16", "float32", "float64", "int32", "int64"}
     assert set(OPS) == {"sum", "avg", "min", "max", "prod"}
 
@@ -150,20 +151,24 @@ def test_a_second_registration_of_a_name_is_refused():
         algorithm.register(Same)
 
 
-@pytest.mark.parametrize("allreduce_algo, gather, scatter, exchange", [
-    ("ring", "ring", "ring", "pairwise"), ("butterfly", "butterfly", "butterfly", "pairwise"),
-    ("mpi", "mpi", "mpi", "mpi"), ("hierarchical", "ring", "ring", "pairwise"),
-    ("tree", "ring", "ring", "pairwise"), ("ps", "ring", "ring", "pairwise"),
-    ("ps-sharded", "ring", "ring", "pairwise"), ("auto", "ring", "ring", "pairwise"),
-    ("horovod", "ring", "ring", "pairwise")])
-def test_the_companion_of_each_allreduce_algorithm(allreduce_algo, gather, scatter, exchange):
-    assert [companion(c, allreduce_algo) for c in ("allgather", "reducescatter", "alltoall")] \
-        == [gather, scatter, exchange]
+@pytest.mark.parametrize("allreduce_algo, gather, scatter, exchange, bcast", [
+    ("ring", "ring", "ring", "pairwise", "scatter_allgather"),
+    ("butterfly", "butterfly", "butterfly", "pairwise", "scatter_allgather"),
+    ("mpi", "mpi", "mpi", "mpi", "mpi"), ("hierarchical", "ring", "ring", "pairwise", "tree"),
+    ("tree", "ring", "ring", "pairwise", "tree"), ("ps", "ring", "ring", "pairwise", "tree"),
+    ("ps-sharded", "ring", "ring", "pairwise", "tree"),
+    ("auto", "ring", "ring", "pairwise", "tree"),
+    ("horovod", "ring", "ring", "pairwise", "tree")])
+def test_the_companion_of_each_allreduce_algorithm(allreduce_algo, gather, scatter, exchange,
+                                                   bcast):
+    assert [companion(c, allreduce_algo)
+            for c in ("allgather", "reducescatter", "alltoall", "broadcast")] \
+        == [gather, scatter, exchange, bcast]
 
 
 def test_a_companion_of_an_unknown_collective_names_the_valid_ones():
     with pytest.raises(UsageError, match="unknown collective 'gather'; valid choices: "
-                                         "allgather, alltoall, reducescatter"):
+                                         "allgather, alltoall, broadcast, reducescatter"):
         companion("gather", "ring")
 
 

@@ -1,12 +1,12 @@
-"""``hpctrain bench``: the allreduce, allgather, reduce-scatter, alltoall and point-to-point
-benchmarks."""
+"""``hpctrain bench``: the allreduce, allgather, reduce-scatter, alltoall, broadcast and
+point-to-point benchmarks."""
 
 from .sizes import parse_size
 
 
 def add_parser(subparsers):
-    """Register ``bench allreduce``, ``allgather``, ``reducescatter``, ``alltoall`` and
-    ``p2p``."""
+    """Register ``bench allreduce``, ``allgather``, ``reducescatter``, ``alltoall``,
+    ``broadcast`` and ``p2p``."""
     parser = subparsers.add_parser(
         "bench", help="benchmarks: allreduce algorithms side by side, point-to-point α/β",
         description="Benchmarks modelled on nccl-tests. Run under mpirun, e.g. "
@@ -37,6 +37,18 @@ def add_parser(subparsers):
         _common(parser_, default_min="1K", default_max="64M")
         _collective(parser_, op=name == "reducescatter")
         parser_.set_defaults(func=_run_blocks, collective=name)
+
+    broadcast = kinds.add_parser(
+        "broadcast", help="time every broadcast algorithm per size (root's vector to every "
+                          "rank); check the results",
+        description="Time each broadcast algorithm at each size on the same buffer, side by "
+                    "side, as bench allreduce does. size is the whole vector; busbw = algbw "
+                    "(nccl-tests' factor 1). Exits 1 if any value was wrong.")
+    _common(broadcast, default_min="1K", default_max="64M")
+    _collective(broadcast, op=False)
+    broadcast.add_argument("-r", "--root", type=int, default=0,
+                           help="the rank whose vector is broadcast (default: 0)")
+    broadcast.set_defaults(func=_run_blocks, collective="broadcast")
 
     p2p = kinds.add_parser(
         "p2p", help="ping-pong latency and bandwidth between ranks 0 and 1 (α and β)",

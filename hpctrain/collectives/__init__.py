@@ -1,11 +1,12 @@
 """Allreduce and the collectives of per-rank blocks, written by hand in Python over mpi4py,
 one algorithm per module, chosen by name.
 
-    from hpctrain.collectives import allreduce, allgather, reduce_scatter, alltoall
+    from hpctrain.collectives import allreduce, allgather, reduce_scatter, alltoall, broadcast
     allreduce(grad, op="avg", algo="ring")          # in place, on every rank
     allgather(shard, full, counts, algo="ring")     # every rank's block, on every rank
     reduce_scatter(grad, shard, counts, op="sum")   # this rank's block of the sum
     alltoall(send, sendcounts, recv, recvcounts)    # block j to rank j
+    broadcast(buf, root=0, algo="tree")             # root's buf on every rank
 
 Allreduce algorithms (``ALGORITHMS``):
 
@@ -21,15 +22,16 @@ Allreduce algorithms (``ALGORITHMS``):
 - ``auto``: one of the above per message size, from a study's profile (``auto.use``).
 
 allgather: ``ring``, ``butterfly``, ``mpi``; reduce_scatter: ``ring``, ``butterfly``,
-``mpi``; alltoall: ``pairwise``, ``mpi`` (``REGISTRIES``; :func:`companion` names the one
-that goes with an allreduce algorithm).
+``mpi``; alltoall: ``pairwise``, ``mpi``; broadcast: ``tree``, ``scatter_allgather``, ``mpi``
+(``REGISTRIES``; :func:`companion` names the one that goes with an allreduce algorithm).
 
 The package, one concept per module: ``dtypes`` (element types and ops), ``reduce``
 (reduction kernels), ``algorithm`` (the interfaces and the registries), ``check`` (the
 mismatch check), ``context`` (the per-communicator cache), ``buffers`` (flattening, staging,
 fusing), ``driver`` (``allreduce``, ``allreduce_fused``), ``blocks`` (``allgather``,
-``reduce_scatter``, ``alltoall``), ``cost`` (the α-β-γ model), then one module per
-algorithm (``ring.py``, ..., ``allgather_ring.py``, ``alltoall_pairwise.py``, ...). Every
+``reduce_scatter``, ``alltoall``, ``broadcast``), ``cost`` (the α-β-γ model), then one
+module per algorithm (``ring.py``, ..., ``allgather_ring.py``, ``alltoall_pairwise.py``,
+``broadcast_tree.py``, ...). Every
 allreduce algorithm takes the same buffers (NumPy arrays, torch tensors on CPU or CUDA),
 dtypes (``DTYPES``) and ops (``OPS``) and reduces on a private duplicate of the
 communicator. docs/collectives.md gives each algorithm's cost and where it should win.
@@ -42,9 +44,10 @@ from . import ring, tree, butterfly, ps, hierarchical, mpi, horovod  # noqa: F40
 from . import allgather_ring, allgather_butterfly, allgather_mpi  # noqa: F401
 from . import reducescatter_ring, reducescatter_butterfly, reducescatter_mpi  # noqa: F401
 from . import alltoall_pairwise, alltoall_mpi  # noqa: F401
+from . import broadcast_tree, broadcast_scatter_allgather, broadcast_mpi  # noqa: F401
 from . import auto, cost  # noqa: F401
 from .algorithm import ALGORITHMS, COLLECTIVES, REGISTRIES, Algorithm
-from .blocks import allgather, alltoall, companion, reduce_scatter
+from .blocks import allgather, alltoall, broadcast, companion, reduce_scatter
 from .check import MismatchError
 from .contexts import context
 from .driver import allreduce, allreduce_fused
@@ -52,7 +55,7 @@ from .dtypes import DTYPES, OPS
 
 __all__ = ["ALGORITHMS", "COLLECTIVES", "REGISTRIES", "auto", "cost", "DTYPES", "OPS",
            "Algorithm", "MismatchError", "allgather", "allreduce", "allreduce_fused",
-           "alltoall", "available", "companion", "context", "reduce_scatter"]
+           "alltoall", "available", "broadcast", "companion", "context", "reduce_scatter"]
 
 
 def available(collective="allreduce"):

@@ -4,10 +4,10 @@ An algorithm is one module holding one :class:`Algorithm` subclass decorated wit
 :func:`register`. Its ``collective`` (default ``"allreduce"``) says which registry of
 ``REGISTRIES`` it joins: ``ALGORITHMS`` is the allreduce one, and only it feeds the
 allreduce driver, ``available()``, the command-line choices, the cost fit and ``auto``;
-the allgather, reduce-scatter and alltoall algorithms (:mod:`.blocks`) sit beside it in
-their own. An allreduce algorithm is discovered through ``ALGORITHMS`` by the driver, the
-mismatch check, the cost model (:meth:`Algorithm.cost`), ``auto``, the command-line
-choices and the tests (:meth:`Algorithm.examples`). A new algorithm defines
+the allgather, reduce-scatter, alltoall and broadcast algorithms (:mod:`.blocks`) sit
+beside it in their own. An allreduce algorithm is discovered through ``ALGORITHMS`` by the
+driver, the mismatch check, the cost model (:meth:`Algorithm.cost`), ``auto``, the
+command-line choices and the tests (:meth:`Algorithm.examples`). A new algorithm defines
 
 - :meth:`~Algorithm.schedule`: whom this rank exchanges which slice with, computed once
   per (count, options) and cached in a plan;
@@ -27,7 +27,7 @@ from ..errors import UsageError
 from .dtypes import choices
 
 #: The collectives the package implements, each with a registry of its algorithms.
-COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall")
+COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast")
 #: collective -> {name: algorithm}; each module registers its own with :func:`register`.
 REGISTRIES = {collective: {} for collective in COLLECTIVES}
 #: The allreduce algorithms by name.
@@ -276,6 +276,21 @@ class AlltoallAlgorithm(Algorithm):
 
     def run(self, comm, send, send_bounds, recv, recv_bounds):
         """Send block ``j`` of ``send`` to rank ``j``; receive block ``i`` from rank ``i``."""
+        raise NotImplementedError
+
+
+class BroadcastAlgorithm(Algorithm):
+    """One broadcast algorithm (registry ``REGISTRIES["broadcast"]``).
+
+    ``run(comm, buf, root)`` over the private communicator ``comm``: ``buf`` is a flat
+    ``uint8`` view of the same number of bytes on every rank (broadcast moves bytes,
+    whatever the dtype, at least one); rank ``root``'s bytes land in every rank's ``buf``.
+    """
+
+    collective = "broadcast"
+
+    def run(self, comm, buf, root):
+        """Copy rank ``root``'s ``buf`` into every rank's ``buf``."""
         raise NotImplementedError
 
 

@@ -1,9 +1,11 @@
-"""allgather, reduce_scatter and alltoall: the collectives of per-rank blocks, algorithm by name.
+"""allgather, reduce_scatter, alltoall and broadcast: the collectives that move per-rank
+blocks (or, broadcast, one rank's vector), algorithm by name.
 
-    from hpctrain.collectives import allgather, alltoall, companion, reduce_scatter
+    from hpctrain.collectives import allgather, alltoall, broadcast, companion, reduce_scatter
     allgather(shard, full, counts, algo="ring")            # block r of full = rank r's shard
     reduce_scatter(grad, shard, counts, op="avg")           # shard = block r of the average
     alltoall(send, sendcounts, recv, recvcounts)            # block j of rank i -> rank j
+    broadcast(weights, root=0, algo="scatter_allgather")    # rank 0's weights everywhere
     companion("allgather", "butterfly")                     # -> "butterfly"
 
 ``counts[r]`` is the number of elements of rank ``r``'s block; blocks lie side by side in
@@ -11,9 +13,10 @@ rank order, rank ``r``'s at ``sum(counts[:r])``. Counts may differ and may be 0.
 
 Each algorithm is a module registered under its collective (``REGISTRIES``): allgather
 ``ring``, ``butterfly``, ``mpi``; reduce-scatter ``ring``, ``butterfly``, ``mpi``; alltoall
-``pairwise``, ``mpi``. Their messages move on the communicator context's private duplicate
-(:mod:`.contexts`), each algorithm with tags of its own. allgather and alltoall move bytes,
-so they take any dtype; reduce_scatter takes ``DTYPES`` and ``OPS``. CUDA tensors go to a
+``pairwise``, ``mpi``; broadcast ``tree``, ``scatter_allgather``, ``mpi``. Their messages
+move on the communicator context's private duplicate (:mod:`.contexts`), each algorithm with
+tags of its own. allgather, alltoall and broadcast move bytes, so they take any dtype;
+reduce_scatter takes ``DTYPES`` and ``OPS``. CUDA tensors go to a
 CUDA-aware MPI directly or through the context's pinned host buffer (:func:`.buffers.stage`).
 
 Unlike :func:`~.driver.allreduce`, these calls make no agreement check: the caller
@@ -22,6 +25,7 @@ negotiates sizes (``hpctrain.torch`` does). Arguments wrong on this rank raise a
 context, which duplicates it collectively, waits until the arguments are checked).
 """
 
+import numbers
 import operator
 import sys
 from itertools import accumulate
@@ -34,7 +38,11 @@ from .reduce import averager, device_reducer, host_reducer
 from ..errors import UsageError
 
 #: The collectives of this module, as ``REGISTRIES`` names them, and their default algorithm.
-DEFAULTS = {"allgather": "ring", "reducescatter": "ring", "alltoall": "pairwise"}
+DEFAULTS = {"allgather": "ring", "reducescatter": "ring", "alltoall": "pairwise",
+            "broadcast": "tree"}
+#: collective -> {allreduce algorithm: its companion} where the names differ: the
+#: bandwidth-optimal allreduces go with the bandwidth-optimal broadcast.
+COMPANIONS = {"broadcast": {"ring": "scatter_allgather", "butterfly": "scatter_allgather"}}
 
 
 def allgather(send, recv, counts, algo="ring", comm=None):
@@ -148,17 +156,53 @@ def alltoall(send, sendcounts, recv, recvcounts, algo="pairwise", comm=None):
     return recv
 
 
+def broadcast(buf, root=0, algo="tree", comm=None):
+    """Copy rank ``root``'s ``buf`` into ``buf`` on every rank; return ``buf``.
+
+    ``buf``: a contiguous NumPy array or torch tensor (its flattened elements), any dtype,
+    host or CUDA, with the same number of bytes on every rank; it is only read on the root
+    (which may pass a read-only array). ``root``: a rank of ``comm``. ``algo``: ``tree``,
+    ``scatter_allgather`` or ``mpi``; ``comm``: an mpi4py intracommunicator, default
+    ``COMM_WORLD``.
+
+    Synchronisation point: a collective. Every rank of ``comm`` must call it, in the same
+    order as its other collectives on ``comm``, with the same size, ``root`` and ``algo``;
+    a call that breaks this may hang or return garbage.
+    """
+    size, rank = shape(comm)
+    algorithm = lookup("broadcast", algo)
+    if isinstance(root, bool) or not isinstance(root, numbers.Integral) \
+            or not 0 <= root < size:
+        raise UsageError(f"broadcast: root={root!r} is not a rank of the communicator: "
+                         f"valid values are 0 to {size - 1}")
+    root = int(root)
+    flat, _, device = flatten_bytes(buf, "broadcast", writes=rank != root)
+    if len(flat) == 0 or size == 1:
+        return buf      # the same size on every rank: every rank returns here
+    ctx = context(comm)   # collective on first use: after the arguments are checked
+
+    def bind(on_device):
+        return lambda b: algorithm.run(ctx.comm, b, root)
+    # Staged through host memory, the root only copies its vector out and the others
+    # only copy the result in.
+    inputs, outputs = ((flat,), ()) if rank == root else ((), (flat,))
+    execute(ctx, algorithm, BYTES, device, inputs, outputs, bind)
+    return buf
+
+
 def companion(collective, allreduce_algo):
-    """The algorithm of ``collective`` (``allgather``, ``reducescatter`` or ``alltoall``)
-    that goes with the allreduce algorithm ``allreduce_algo``: the one of the same name
-    where there is one (``ring``, ``butterfly``, ``mpi``), else the collective's default
-    (``ring``, or ``pairwise`` for alltoall) — for ``tree``, ``ps``, ``ps-sharded``,
-    ``hierarchical``, ``horovod``, ``auto`` and any other name."""
+    """The algorithm of ``collective`` (``allgather``, ``reducescatter``, ``alltoall`` or
+    ``broadcast``) that goes with the allreduce algorithm ``allreduce_algo``: the one of
+    the same name where there is one (``ring``, ``butterfly``, ``mpi``; broadcast:
+    ``tree``, ``mpi``, and ``scatter_allgather`` for ``ring`` and ``butterfly``), else the
+    collective's default (``ring``; ``pairwise`` for alltoall; ``tree`` for broadcast) —
+    for ``ps``, ``ps-sharded``, ``hierarchical``, ``horovod``, ``auto`` and any other
+    name."""
     if collective not in DEFAULTS:
         raise UsageError(f"companion: unknown collective {collective!r}; valid choices: "
                          f"{choices(DEFAULTS)}")
-    return allreduce_algo if allreduce_algo in REGISTRIES[collective] \
-        else DEFAULTS[collective]
+    name = COMPANIONS.get(collective, {}).get(allreduce_algo, allreduce_algo)
+    return name if name in REGISTRIES[collective] else DEFAULTS[collective]
 
 
 def lookup(collective, algo):

@@ -26,19 +26,22 @@ butterfly, large   2 lg p' (+2 if r)       2n(p'-1)/p' (+2n)    n(p'-1)/p' (+n)
 ps (k servers)     2(p-1)                  2n(p-1)/k            n(p-1)/k
 =================  ======================  ===================  ===================
 
-The allgather, reduce-scatter and alltoall algorithms carry their costs too (``n``: the
-whole vector's bytes); ``coefficients`` and ``predict`` take ``collective=`` for them. They
-are not fitted (the fit and ``auto`` see allreduce only), and their ``mpi`` is not modelled:
+The allgather, reduce-scatter, alltoall and broadcast algorithms carry their costs too
+(``n``: the whole vector's bytes); ``coefficients`` and ``predict`` take ``collective=`` for
+them. They are not fitted (the fit and ``auto`` see allreduce only), and their ``mpi`` is
+not modelled:
 
-=======================  ====================  ===================  ===================
-algorithm                a (messages)          b (bytes on a link)  c (bytes reduced)
-=======================  ====================  ===================  ===================
-allgather ring           p-1                   n(p-1)/p             0
-allgather butterfly      lg p' (+2 if r)       n(p'-1)/p' (+n)      0
-reducescatter ring       p-1                   n(p-1)/p             n(p-1)/p
-reducescatter butterfly  lg p' (+2 if r)       n(p'-1)/p' (+n+n/p)  n(p'-1)/p' (+n)
-alltoall pairwise        p-1                   n(p-1)/p             0
-=======================  ====================  ===================  ===================
+===========================  ================  ===================  ===================
+algorithm                    a (messages)      b (bytes on a link)  c (bytes reduced)
+===========================  ================  ===================  ===================
+allgather ring               p-1               n(p-1)/p             0
+allgather butterfly          lg p' (+2 if r)   n(p'-1)/p' (+n)      0
+reducescatter ring           p-1               n(p-1)/p             n(p-1)/p
+reducescatter butterfly      lg p' (+2 if r)   n(p'-1)/p' (+n+n/p)  n(p'-1)/p' (+n)
+alltoall pairwise            p-1               n(p-1)/p             0
+broadcast tree               L                 nL                   0
+broadcast scatter_allgather  L + p-1           2n(p-1)/p            0
+===========================  ================  ===================  ===================
 
 ``mpi`` is predicted as the better of ring and butterfly (what a tuned library picks) and is
 not fitted; Horovod adds a negotiation cycle of about 1 ms that this model does not have, so

@@ -3,7 +3,8 @@
 Ranks are numbered relative to the root (``vrank = (rank - root) mod p``). In the reduce,
 step ``k`` (mask ``2^k``) has every rank whose ``vrank`` has bit ``k`` set send its partial
 sum to ``vrank - 2^k`` and drop out; after ``ceil(lg p)`` steps the root holds the total.
-The broadcast runs the same tree backwards.
+The broadcast runs the same tree backwards (:func:`broadcast`, which is also the whole of
+the tree broadcast collective, :mod:`.broadcast_tree`).
 
 Cost: ``2⌈lg p⌉α + 2n⌈lg p⌉β + n⌈lg p⌉γ``. Few latencies, but the whole vector crosses
 every level twice and the ranks near the root do the most work: it suits small messages
@@ -41,6 +42,17 @@ def tree_schedule(size, rank, count, root):
     return TreeSchedule(parent, tuple(children), count if children else 0)
 
 
+def broadcast(comm, flat, sched, tag):
+    """The tree's broadcast of ``flat`` from its root over ``comm``: from the parent, then
+    to every child (the tree allreduce's second half, and the whole tree broadcast)."""
+    if sched.parent is not None:
+        comm.Recv(flat, sched.parent, tag)
+    # The largest subtree first: it has the most levels still to go. A child's next call
+    # here is its receive from this rank, so these blocking sends cannot deadlock.
+    for child in reversed(sched.children):
+        comm.Send(flat, child, tag)
+
+
 @register
 class Tree(RootedAlgorithm):
     """Binomial-tree reduce to ``root`` then binomial-tree broadcast."""
@@ -60,10 +72,7 @@ class Tree(RootedAlgorithm):
                 reduce(flat, scratch)
         if sched.parent is not None:
             comm.Send(flat, sched.parent, tag)
-            comm.Recv(flat, sched.parent, tag)
-        # The largest subtree first: it has the most levels still to go.
-        for child in reversed(sched.children):
-            comm.Send(flat, child, tag)
+        broadcast(comm, flat, sched, tag)
 
     def cost(self, nbytes, ranks, nodes, params):
         steps = math.ceil(math.log2(ranks))

@@ -44,12 +44,13 @@ def broadcast_parameters(params, root_rank, process_set=global_process_set):
         box.append(set_root(pset, root_rank, "broadcast_parameters"))
 
     w, pset, name = start("broadcast_parameters", None, process_set, check)
+    algo = w.algorithm_for("broadcast")
     layout = ";".join(f"{n}:{tuple(t.shape)}:{dtype_name(t)}" for n, t in pairs)
     signature = ("broadcast_parameters", len(pairs), zlib.crc32(layout.encode()), root_rank)
 
     def run(comm, infos, joined):
         with torch.no_grad():
-            bcast_tensors(comm, tensors, box[0], w.cuda_aware)
+            bcast_tensors(comm, tensors, box[0], algo)
         return None, None
 
     synchronize(submit(w, pset, name, signature,

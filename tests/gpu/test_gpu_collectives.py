@@ -1,4 +1,4 @@
-"""Allreduce of CUDA tensors. Run under mpirun:
+"""Allreduce and broadcast of CUDA tensors. Run under mpirun:
 ``python -m hpctrain.launch -np 2 python -m pytest --with-mpi tests/gpu``.
 
 Every algorithm, dtype, op and odd size on CUDA tensors must give, bit for bit, what the
@@ -20,7 +20,8 @@ import torch
 from gpu_support import COMM, GPU_MODULE, RANK, SIZE, all_ranks
 from gpu_support import device  # noqa: F401 - fixture
 from hpctrain import mpi_support
-from hpctrain.collectives import ALGORITHMS, DTYPES, OPS, allreduce, allreduce_fused
+from hpctrain.collectives import (ALGORITHMS, DTYPES, OPS, REGISTRIES, allreduce,
+                                  allreduce_fused, broadcast)
 from hpctrain.collectives import buffers, driver
 from hpctrain.collectives import context
 from hpctrain.errors import UsageError
@@ -128,6 +129,24 @@ def test_a_tensor_written_just_before_the_call_is_read_after_the_write(path, dev
     want = SIZE * (SIZE + 1) / 2
     wrong = int((tensor != want).sum())
     all_ranks(wrong == 0, [f"{algo}: {wrong} of {count} elements are not {want}"])
+
+
+@pytest.mark.parametrize("algo", sorted(REGISTRIES["broadcast"]))
+def test_broadcast_of_cuda_tensors_from_every_root(path, device, algo):
+    # Bytes move, whatever the dtype; the values are converted on the device just before
+    # the call, so the direct path must synchronise the stream before MPI reads them.
+    _, comm = path
+    failures = []
+    for root in range(SIZE):
+        for dtype in (torch.bool, torch.bfloat16, torch.float32):
+            for count in sorted({1, max(SIZE - 1, 1), 1009, BIG_BYTES // 4 + 3}):
+                mine = torch.from_numpy(contribution(RANK, count, root))
+                buf = mine.to(device=device, dtype=dtype)
+                out = broadcast(buf, root, algo, comm)
+                want = torch.from_numpy(contribution(root, count, root)).to(dtype)
+                if out is not buf or not torch.equal(buf.cpu(), want):
+                    failures.append(f"{algo} {dtype} {count} from root {root}")
+    all_ranks(not failures, failures)
 
 
 # ----- buffers ----------------------------------------------------------------------------------

@@ -1,13 +1,14 @@
-"""allgather, reduce_scatter, alltoall under mpirun: ``mpirun -np N python -m pytest
---with-mpi tests/mpi/test_collectives_blocks.py``.
+"""allgather, reduce_scatter, alltoall, broadcast under mpirun: ``mpirun -np N python -m
+pytest --with-mpi tests/mpi/test_collectives_blocks.py``.
 
 Every algorithm of each collective (from ``REGISTRIES``) x
 block sizes (all empty, one element each, fewer elements than ranks, uneven with an empty
-block, prime, about a million) x dtypes (any dtype for the two that move bytes; ``DTYPES``
-x every op for reduce_scatter), on integer-valued data whose sums and products are exact
-in any order, against a NumPy reference, bit for bit. Every final assertion is collective
-(``all_ranks``). At np = 1 each collective copies this rank's block: the checks there show
-the copy lands in place; the argument checks are real at every size.
+block, prime, about a million) x dtypes (any dtype for the three that move bytes; ``DTYPES``
+x every op for reduce_scatter), broadcast from every root, on integer-valued data whose
+sums and products are exact in any order, against a NumPy reference, bit for bit. Every
+final assertion is collective (``all_ranks``). At np = 1 each collective copies this rank's
+block (broadcast: leaves the root's vector): the checks there show the copy lands in place;
+the argument checks are real at every size.
 """
 
 import sys
@@ -21,7 +22,7 @@ from mpi4py import MPI
 
 from conftest import all_ranks
 from hpctrain.collectives import (DTYPES, OPS, REGISTRIES, allgather, allreduce, alltoall,
-                                  reduce_scatter)
+                                  broadcast, reduce_scatter)
 from hpctrain.errors import UsageError
 
 pytestmark = pytest.mark.mpi
@@ -241,6 +242,60 @@ def test_alltoall_matches_the_reference(algo):
     _all_ranks(not failures, failures)
 
 
+# ----- broadcast --------------------------------------------------------------------------------
+
+def broadcast_counts(size=SIZE):
+    """Vector lengths, by name: the byte counts that matter to scatter_allgather's p chunks
+    come from these times the dtype's size (bool and uint8: one byte each)."""
+    return {"empty": 0, "one": 1, "fewer than ranks": max(size - 1, 1), "prime": 1009,
+            "large": BIG}
+
+
+def broadcast_case(algo, dtype, name, count, root, salt):
+    # Every rank starts from values of its own, so a rank that kept its own shows.
+    buf = make(values(RANK, count, salt), dtype)
+    out = abort_on_error(broadcast, buf, root, algo)
+    want = make(values(root, count, salt), dtype)
+    if out is not buf or bits(buf) != bits(want):
+        return f"broadcast {algo} {dtype} {name} ({count}) from root {root}"
+    return None
+
+
+@pytest.mark.parametrize("algo", sorted(REGISTRIES["broadcast"]))
+def test_broadcast_matches_the_root_from_every_root(algo):
+    failures = []
+    for root in range(SIZE):
+        for dtype in BYTE_DTYPES:
+            for salt, (name, count) in enumerate(broadcast_counts().items()):
+                if name == "large" and dtype not in ("float32", "bfloat16"):
+                    continue
+                failures.append(broadcast_case(algo, dtype, name, count, root, salt + root))
+    failures = [f for f in failures if f]
+    _all_ranks(not failures, failures)
+
+
+def test_broadcast_of_tensors_of_any_shape_on_a_split_communicator():
+    # A communicator of its own (the even and the odd ranks): its own private duplicate,
+    # roots numbered within it; a torch tensor of three dimensions; the root's read-only.
+    sub = COMM.Split(RANK % 2, RANK)
+    failures = []
+    try:
+        for algo in sorted(REGISTRIES["broadcast"]):
+            root = sub.Get_size() - 1
+            tensor = torch.full((3, 5, 7), float(sub.Get_rank()), dtype=torch.float16)
+            out = broadcast(tensor, root, algo, sub)
+            if out is not tensor or not bool((tensor == root).all()):
+                failures.append(f"{algo}: tensor")
+            array = np.arange(11, dtype=np.int32) * (sub.Get_rank() + 1)
+            array.flags.writeable = sub.Get_rank() != root
+            broadcast(array, root, algo, sub)
+            if array.tolist() != [i * (root + 1) for i in range(11)]:
+                failures.append(f"{algo}: read-only root")
+    finally:
+        sub.Free()
+    _all_ranks(not failures, failures)
+
+
 # ----- allreduce with prod ------------------------------------------------------------------------
 
 def test_allreduce_prod_is_exact_for_every_algorithm():
@@ -293,6 +348,11 @@ def test_bad_arguments_raise_with_what_would_be_right():
         "the block a rank sends itself": lambda: alltoall(
             ones, counts, np.ones(SIZE + 1), [1] * RANK + [2] + [1] * (SIZE - RANK - 1)),
         "sum(sendcounts)": lambda: alltoall(np.ones(SIZE + 3), counts, ones, counts),
+        f"root={SIZE} is not a rank of the communicator: valid values are 0 to {SIZE - 1}":
+            lambda: broadcast(ones, SIZE),
+        "root=1.0 is not a rank": lambda: broadcast(ones, 1.0),
+        "valid choices: mpi, scatter_allgather, tree": lambda: broadcast(ones, algo="bcast"),
+        "broadcast needs a contiguous buffer": lambda: broadcast(np.ones(4)[::2]),
     }
     # Only rank 0 makes the bad calls: if one of them sent anything, the others would meet
     # it in the correct call that follows.

@@ -12,27 +12,23 @@ from .common import (check_tensor, describe_tensors, dtype_name, on_thread, star
 from ..process_sets import global_process_set
 
 
-def bcast_tensors(comm, tensors, root, cuda_aware):
+def bcast_tensors(comm, tensors, root, algo):
     """On the communication thread: set rank ``root``'s values into every tensor of
-    ``tensors``, over ``comm``.
+    ``tensors``, over ``comm``, with the broadcast algorithm ``algo``.
 
-    Host tensors go to MPI as byte views (any dtype, no copy when contiguous); CUDA tensors
-    too when MPI is CUDA-aware, otherwise through a host copy: device memory is never handed
-    to a library that cannot read it.
+    Each tensor goes to :func:`hpctrain.collectives.broadcast` as it is (any dtype, no copy
+    when contiguous), which moves CUDA tensors straight through a CUDA-aware MPI or through
+    its pinned host buffer: device memory is never handed to a library that cannot read it.
     """
+    from ... import collectives
+
     if comm.Get_size() == 1:
         return tensors
     for tensor in tensors:
         work = tensor.detach()
-        if work.is_cuda:
-            torch.cuda.current_stream(work.device).synchronize()
-            if not cuda_aware:
-                work = work.cpu()
         if not work.is_contiguous():
             work = work.contiguous()
-        if work.numel():
-            view = work.reshape(-1).view(torch.uint8)
-            comm.Bcast(view if view.is_cuda else view.numpy(), root=root)
+        collectives.broadcast(work, root, algo, comm)
         if work.data_ptr() != tensor.data_ptr():
             with torch.no_grad():
                 tensor.copy_(work)
@@ -56,13 +52,13 @@ def _broadcast_async(tensor, output, root_rank, name, process_set, function):
         box.append(set_root(pset, root_rank, function))
 
     w, pset, name = start(function, name, process_set, check)
-    root = box[0]
+    root, algo = box[0], w.algorithm_for("broadcast")
 
     def work(comm, infos, joined):
         target = tensor if output is None else output
         if output is not None and comm.Get_rank() == root:
             output.copy_(tensor.detach())
-        return bcast_tensors(comm, [target], root, w.cuda_aware)[0]
+        return bcast_tensors(comm, [target], root, algo)[0]
 
     signature = ("broadcast", tuple(tensor.shape), dtype_name(tensor), where(tensor), root_rank)
     return submit(w, pset, name, signature,
