@@ -149,6 +149,26 @@ def all_ranks(comm, ok, failures=()):
     assert all(good for good, _ in everyone), "\n".join(lines) or "failed on some rank"
 
 
+def abort_on_error(call, *args, **kwargs):
+    """``call(*args, **kwargs)``; an unexpected exception (a bug in a data phase, not a
+    ``UsageError``) ends the whole job with its traceback instead of leaving the other ranks
+    waiting for this one."""
+    import traceback
+
+    from mpi4py import MPI
+
+    from hpctrain.errors import UsageError
+
+    try:
+        return call(*args, **kwargs)
+    except UsageError:
+        raise
+    except Exception:  # noqa: BLE001 - reported, then the job ends
+        traceback.print_exc()
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
+
+
 def raised(call):
     """The exception ``call()`` raised, or ``None``. Error tests check it with ``all_ranks``
     after the world's next collective: a rank where ``pytest.raises`` failed alone would skip

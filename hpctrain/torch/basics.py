@@ -52,7 +52,6 @@ class World:
         self._names_lock = threading.Lock()
         self._generation = 0                # joins completed (see renumber)
         self._next_set = 1
-        self._cuda_aware = None
         global_process_set._register(0, list(range(self.size)), self.data_comm, self.rank)
         self.sets = {0: global_process_set}
         from .ops.allreduce import joined_allreduce
@@ -84,15 +83,6 @@ class World:
         from .. import collectives
 
         return collectives.companion(collective, self.algo)
-
-    @property
-    def cuda_aware(self):
-        """True when device memory may be handed to this MPI (asked once)."""
-        if self._cuda_aware is None:
-            from ..mpi_support import cuda_awareness
-
-            self._cuda_aware = cuda_awareness(self.user_comm).aware is True
-        return self._cuda_aware
 
     def resolve_ranks(self, pset):
         """The world ranks of ``pset`` (translating a communicator's group)."""

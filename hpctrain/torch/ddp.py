@@ -156,7 +156,7 @@ class CommHook:
             event = torch.cuda.Event()
             event.record(torch.cuda.current_stream(tensor.device))
 
-        def run(comm, infos, joined):
+        def run(comm, infos):
             try:
                 if event is not None:
                     torch.cuda.current_stream(tensor.device).wait_event(event)
@@ -173,6 +173,7 @@ class CommHook:
 
         w = self.world
         name = w.next_name(0, "ddp.bucket")
-        submit(w, global_process_set, name, bucket_signature(tensor, self.op),
+        signature = bucket_signature(tensor.numel(), tensor.dtype, tensor.device, self.op)
+        submit(w, global_process_set, name, signature,
                f"DDP bucket {name} of {tensor.numel()} elements", run)
         return future

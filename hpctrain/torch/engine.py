@@ -71,10 +71,9 @@ class Waiters:
 class Handle:
     """One operation of this rank: ``wait()`` returns its result or raises its error."""
 
-    __slots__ = ("result", "error", "done", "name", "set_id", "waiters")
+    __slots__ = ("result", "error", "done", "waiters")
 
-    def __init__(self, name=None, set_id=0):
-        self.name, self.set_id = name, set_id
+    def __init__(self):
         self.result = self.error = self.waiters = None
         self.done = threading.Event()
 
@@ -101,10 +100,11 @@ class Request:
     ``signature``: what every rank must pass identically (compared across ranks);
     ``info``: what may differ and the others need (an allgather's first dimension, an
     alltoall's splits); ``describe``: the call in words, for error messages; ``run(comm,
-    infos, joined)``: the data phase on the communication thread, over the process set's
-    communicator, given every member's ``info`` in the set's rank order and the set ranks
-    that joined (they take part with zeros). ``invalid`` marks a request whose arguments
-    were bad here: the others fail with this rank's reason instead of waiting for it.
+    infos)``: the data phase on the communication thread, over the process set's
+    communicator, given every member's ``info`` in the set's rank order (ranks that joined
+    take part through the engine's ``joined_runs``). A request whose signature is
+    ``INVALID`` had bad arguments here: the others fail with this rank's reason instead of
+    waiting for it.
     """
 
     __slots__ = ("set_id", "name", "signature", "info", "describe", "run", "handle")
@@ -112,7 +112,7 @@ class Request:
     def __init__(self, set_id, name, signature, describe, run, info=None):
         self.set_id, self.name, self.signature = set_id, name, signature
         self.info, self.describe, self.run = info, describe, run
-        self.handle = Handle(name, set_id)
+        self.handle = Handle()
 
     @property
     def key(self):
@@ -150,11 +150,11 @@ class Engine:
     member) — read by the thread, so it is changed only by operations that run there.
     """
 
-    def __init__(self, comm, sets, joined_runs, timeline=None):
+    def __init__(self, comm, sets, joined_runs):
         self.comm, self.rank, self.size = comm, comm.Get_rank(), comm.Get_size()
         self.sets = sets
         self.joined_runs = joined_runs      # kind -> run(comm, signature) for a joined rank
-        self.timeline = timeline
+        self.timeline = None            # set by hvd.start_timeline
         self._queue = queue.SimpleQueue()
         self._mine = {}                 # key -> Request of this rank, submitted, not yet run
         self._table = OrderedDict()     # key -> _Entry, the same on every rank
@@ -192,7 +192,7 @@ class Engine:
     def join(self):
         """This rank has no more data: take part in the others' allreduces with zeros until
         every rank has joined; return the rank that joined last. Blocks."""
-        handle = Handle("join")
+        handle = Handle()
         handle.waiters = self._waiters
         self._queue.put(("join", handle))
         return handle.wait()
@@ -207,11 +207,6 @@ class Engine:
         if self._thread.is_alive():
             self._queue.put(("shutdown", None))
             self._thread.join()
-
-    @property
-    def alive(self):
-        """True while the thread serves requests."""
-        return self._thread.is_alive()
 
     # ----- the communication thread ---------------------------------------------------------
 
@@ -387,24 +382,22 @@ class Engine:
 
     def _run_entry(self, key, entry, members, joined):
         signatures = set(entry.signatures.values())
-        if INVALID in signatures or len(signatures) > 1 or (
-                joined and next(iter(signatures))[0] not in self.joined_runs):
-            if joined and len(signatures) == 1 and INVALID not in signatures:
-                why = (f"{next(iter(signatures))[0]} cannot run while rank(s) "
-                       f"{', '.join(map(str, joined))} have joined (hvd.join): only allreduce "
-                       f"takes joined ranks' zeros")
-            else:
-                why = ("ranks made the same collective with different arguments (every rank "
-                       "must pass the same shape, dtype, op and root for one name): " +
-                       "; ".join(f"rank {r}: {d}" for r, d in sorted(entry.describes.items())))
-            self._fail_entry(key, entry, why)
+        signature = next(iter(signatures))
+        if INVALID in signatures or len(signatures) > 1:
+            self._fail_entry(key, entry, (
+                "ranks made the same collective with different arguments (every rank must "
+                "pass the same shape, dtype, op and root for one name): " +
+                "; ".join(f"rank {r}: {d}" for r, d in sorted(entry.describes.items()))))
+            return
+        if joined and signature[0] not in self.joined_runs:
+            self._fail_entry(key, entry, (
+                f"{signature[0]} cannot run while rank(s) {_ranks(joined)} have joined "
+                f"(hvd.join): only allreduce takes joined ranks' zeros"))
             return
         request = self._mine.pop(key, None)
-        comm = self.sets[key[0]].comm
         if request is None and self.rank not in joined:
             return                      # not a member of this set
-        infos = [entry.infos.get(r) for r in members]
-        signature = next(iter(signatures))
+        comm = self.sets[key[0]].comm
         timeline = self.timeline
         try:
             label = _label(key[1], signature)
@@ -415,8 +408,8 @@ class Engine:
             if request is None:
                 self.joined_runs[signature[0]](comm, signature)
             else:
-                request.handle.finish(request.run(comm, infos, [members.index(r)
-                                                                 for r in joined]))
+                request.handle.finish(request.run(comm, [entry.infos.get(r)
+                                                         for r in members]))
         except BaseException as exc:  # noqa: B036 - handed to the caller that waits
             if request is None:
                 raise

@@ -48,7 +48,7 @@ def broadcast_parameters(params, root_rank, process_set=global_process_set):
     layout = ";".join(f"{n}:{tuple(t.shape)}:{dtype_name(t)}" for n, t in pairs)
     signature = ("broadcast_parameters", len(pairs), zlib.crc32(layout.encode()), root_rank)
 
-    def run(comm, infos, joined):
+    def run(comm, infos):
         with torch.no_grad():
             bcast_tensors(comm, tensors, box[0], algo)
         return None, None

@@ -31,6 +31,7 @@ class HorovodBackend:
             kwargs = {k: self._translate(v) for k, v in kwargs.items()}
             return function(*args, **kwargs)
         call.__name__ = name
+        setattr(self, name, call)       # made once: later calls do not come here
         return call
 
     def add_process_set(self, process_set):

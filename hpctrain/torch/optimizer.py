@@ -49,7 +49,8 @@ BUCKET_MB = 25.0
 class Bucket:
     """Parameters whose gradients are reduced together through one flat buffer."""
 
-    __slots__ = ("index", "names", "params", "buffer", "pending", "handle", "event", "sparse")
+    __slots__ = ("index", "names", "params", "buffer", "pending", "handle", "event", "sparse",
+                 "request")
 
     def __init__(self, index, named):
         self.index = index
@@ -58,6 +59,7 @@ class Bucket:
         self.buffer = FlatBuffer(self.params)
         self.pending, self.handle, self.event = len(self.params), None, None
         self.sparse = ()        # places whose gradient was sparse in this step
+        self.request = None     # (name, signature, describe, run) of its operation, made once
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -123,29 +125,34 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # In bucket order only: a later bucket that filled first waits for the earlier ones.
         while self._next < len(self._buckets) and self._buckets[self._next].pending == 0:
             bucket = self._buckets[self._next]
-            flat = bucket.buffer.flat
-            wire = self._compression.compress(flat[:0])[0]
-            op, prescale, postscale = self._op, 1.0, 1.0
-            if self._op == Average and self._predivide != 1.0:
-                op, prescale = Sum, 1.0 / self._predivide
-                postscale = self._predivide / self._process_set.size()
-            # The parameter names are part of what must match: equal layouts make every
-            # rank's bucket collectives match.
-            names = zlib.crc32("\n".join(bucket.names).encode())
-            signature = bucket_signature(wire.new_empty(flat.shape), op, prescale, postscale,
-                                         names, self._passes)
-            bucket.handle = submit(self._world, self._process_set,
-                                   f"{self._name}.bucket.{bucket.index}", signature,
-                                   f"DistributedOptimizer bucket {bucket.index} "
-                                   f"({flat.numel()} elements of {', '.join(bucket.names[:3])}"
-                                   f"{', ...' if len(bucket.names) > 3 else ''})",
-                                   self._reducer(bucket, op, prescale, postscale))
+            if bucket.request is None:
+                bucket.request = self._request(bucket)
+            bucket.handle = submit(self._world, self._process_set, *bucket.request)
             self._next += 1
+
+    def _request(self, bucket):
+        """The name, signature, description and data phase of ``bucket``'s operation, the
+        same every step (made at its first step)."""
+        flat = bucket.buffer.flat
+        wire = self._compression.compress(flat[:0])[0]
+        op, prescale, postscale = self._op, 1.0, 1.0
+        if self._op == Average and self._predivide != 1.0:
+            op, prescale = Sum, 1.0 / self._predivide
+            postscale = self._predivide / self._process_set.size()
+        # The parameter names are part of what must match: equal layouts make every rank's
+        # bucket collectives match.
+        names = zlib.crc32("\n".join(bucket.names).encode())
+        signature = bucket_signature(flat.numel(), wire.dtype, flat.device, op, prescale,
+                                     postscale, names, self._passes)
+        describe = (f"DistributedOptimizer bucket {bucket.index} ({flat.numel()} elements of "
+                    f"{', '.join(bucket.names[:3])}{', ...' if len(bucket.names) > 3 else ''})")
+        return (f"{self._name}.bucket.{bucket.index}", signature, describe,
+                self._reducer(bucket, op, prescale, postscale))
 
     def _reducer(self, bucket, op, prescale, postscale):
         algo = self._world.algo
 
-        def run(comm, infos, joined):
+        def run(comm, infos):
             if self.before_reduce is not None:
                 self.before_reduce()
             wait_event(bucket.event, bucket.params)

@@ -14,8 +14,6 @@ and bits) and by the argument checks, fused buffers and sub-communicators, which
 size.
 """
 
-import sys
-import traceback
 import tracemalloc
 from functools import partial
 
@@ -26,7 +24,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from mpi4py import MPI
 
-from conftest import all_ranks
+from conftest import abort_on_error, all_ranks
 from hpctrain.collectives import (ALGORITHMS, DTYPES, OPS, Algorithm, MismatchError,
                                   allreduce, allreduce_fused, available, context)
 from hpctrain.errors import UsageError
@@ -100,19 +98,6 @@ def reference(dtype, op, count, salt, size=SIZE):
         quotient = torch.tensor(result / size, dtype=torch.float64)
         return quotient.to(getattr(torch, dtype)).to(torch.float64).numpy()
     return result
-
-
-def abort_on_error(call, *args, **kwargs):
-    """``call(*args, **kwargs)``; an unexpected exception (a bug in the data phase) ends the
-    whole job with its traceback instead of leaving the other ranks waiting for this one."""
-    try:
-        return call(*args, **kwargs)
-    except UsageError:
-        raise
-    except Exception:
-        traceback.print_exc()
-        sys.stderr.flush()
-        COMM.Abort(1)
 
 
 def mismatches(algo, dtype, op, got, want):

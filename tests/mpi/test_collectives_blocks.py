@@ -11,8 +11,6 @@ block (broadcast: leaves the root's vector): the checks there show the copy land
 the argument checks are real at every size.
 """
 
-import sys
-import traceback
 from functools import partial
 
 import numpy as np
@@ -20,7 +18,7 @@ import pytest
 import torch
 from mpi4py import MPI
 
-from conftest import all_ranks
+from conftest import abort_on_error, all_ranks
 from hpctrain.collectives import (DTYPES, OPS, REGISTRIES, allgather, allreduce, alltoall,
                                   broadcast, reduce_scatter)
 from hpctrain.errors import UsageError
@@ -77,18 +75,6 @@ def bits(buf):
 
 def offsets(counts):
     return np.concatenate([[0], np.cumsum(counts)]).astype(int)
-
-
-def abort_on_error(call, *args, **kwargs):
-    """A bug in a data phase (not a UsageError) ends the job instead of a hang."""
-    try:
-        return call(*args, **kwargs)
-    except UsageError:
-        raise
-    except Exception:
-        traceback.print_exc()
-        sys.stderr.flush()
-        COMM.Abort(1)
 
 
 def message(call):

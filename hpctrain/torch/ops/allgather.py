@@ -57,7 +57,7 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set,
     w, pset, name = start(function, name, process_set, _check(tensors, function))
     algo = w.algorithm_for("allgather")
 
-    def work(comm, infos, joined):
+    def work(comm, infos):
         outputs = gather_into(comm, algo, tensors, infos)
         return outputs[0] if single else outputs
 

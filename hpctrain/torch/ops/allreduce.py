@@ -64,11 +64,13 @@ def joined_allreduce(w):
     return run
 
 
-def bucket_signature(flat, op, prescale=1.0, postscale=1.0, *extra):
-    """The signature of one flat buffer's allreduce (gradient buckets): the same fields as
-    a tensor's, so that a joined rank can take part with zeros; ``extra`` adds what else the
-    ranks must agree on (the bucket's parameter names, say)."""
-    return _signature("allreduce", [flat], op, prescale, postscale) + tuple(extra)
+def bucket_signature(count, dtype, device, op, prescale=1.0, postscale=1.0, *extra):
+    """The signature of the allreduce of a flat buffer of ``count`` elements of torch
+    ``dtype`` on ``device`` (gradient buckets): the same fields as a tensor's, so that a
+    joined rank can take part with zeros; ``extra`` adds what else the ranks must agree on
+    (the bucket's parameter names, say)."""
+    return ("allreduce", ((count,),), (str(dtype).replace("torch.", ""),), (device.type,), op,
+            float(prescale), float(postscale)) + tuple(extra)
 
 
 def _signature(kind, tensors, op, prescale, postscale):
@@ -97,7 +99,7 @@ def _grouped_async(tensors, outputs, average, name, op, prescale_factor, postsca
     sources = list(tensors)
     targets = sources if outputs is None else list(outputs)
 
-    def work(comm, infos, joined):
+    def work(comm, infos):
         for out, source in zip(targets, sources):
             if out is not source:
                 out.copy_(source.detach())
@@ -150,23 +152,6 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                                         postscale_factor, process_set))
 
 
-class _Allreduce(torch.autograd.Function):
-    """Allreduce with a gradient: the gradient is reduced the same way."""
-
-    @staticmethod
-    def forward(ctx, tensor, average, name, op, prescale, postscale, process_set):
-        ctx.args = (average, op, prescale, postscale, process_set)
-        return synchronize(allreduce_async(tensor, average, name, op, prescale, postscale,
-                                           process_set))
-
-    @staticmethod
-    def backward(ctx, grad):
-        average, op, prescale, postscale, process_set = ctx.args
-        reduced = allreduce(grad.contiguous(), average, None, Compression.none, op, prescale,
-                            postscale, process_set)
-        return reduced, None, None, None, None, None, None
-
-
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
               prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """The reduction of ``tensor`` over the ranks of ``process_set``, in a new tensor
@@ -176,8 +161,10 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
                                            postscale_factor, process_set))
     wire, ctx = compression.compress(tensor)
     if wire.requires_grad:
-        reduced = _Allreduce.apply(wire, average, name, op, prescale_factor, postscale_factor,
-                                   process_set)
+        # One autograd function for one tensor or many: the gradient of each is reduced the
+        # same way as the tensor was.
+        reduced = _GroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor,
+                                          process_set, wire)[0]
     else:
         reduced = synchronize(allreduce_async(wire, average, name, op, prescale_factor,
                                               postscale_factor, process_set))
@@ -208,6 +195,8 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 
 
 class _GroupedAllreduce(torch.autograd.Function):
+    """Allreduce of tensors with a gradient: each gradient is reduced as its tensor was."""
+
     @staticmethod
     def forward(ctx, average, name, op, prescale, postscale, process_set, *tensors):
         ctx.args = (average, op, prescale, postscale, process_set)

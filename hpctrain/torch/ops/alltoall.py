@@ -59,7 +59,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     sends = box[0]
     algo = w.algorithm_for("alltoall")
 
-    def work(comm, infos, joined):
+    def work(comm, infos):
         from ... import collectives
 
         me = comm.Get_rank()

@@ -54,7 +54,7 @@ def _broadcast_async(tensor, output, root_rank, name, process_set, function):
     w, pset, name = start(function, name, process_set, check)
     root, algo = box[0], w.algorithm_for("broadcast")
 
-    def work(comm, infos, joined):
+    def work(comm, infos):
         target = tensor if output is None else output
         if output is not None and comm.Get_rank() == root:
             output.copy_(tensor.detach())
@@ -111,7 +111,7 @@ def object_call(kind, name, process_set, call, extra=()):
     """Run ``call(comm)`` (a pickled mpi4py collective) as one operation of the set."""
     w, pset, name = start(kind, name, process_set, lambda: None)
     return synchronize(submit(w, pset, name, (kind,) + tuple(extra), f"{kind}(name={name!r})",
-                              lambda comm, infos, joined: (call(comm), None)))
+                              lambda comm, infos: (call(comm), None)))
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):

@@ -158,13 +158,13 @@ def wait_event(event, tensors):
 
 
 def on_thread(tensors, work):
-    """``run(comm, infos, joined)`` for the engine: ``work(comm, infos, joined)`` after the
-    caller's pending CUDA work on ``tensors``, returning ``(result, event)``."""
+    """``run(comm, infos)`` for the engine: ``work(comm, infos)`` after the caller's pending
+    CUDA work on ``tensors``, returning ``(result, event)``."""
     event = caller_event(tensors)
 
-    def run(comm, infos, joined):
+    def run(comm, infos):
         wait_event(event, tensors)
-        result = work(comm, infos, joined)
+        result = work(comm, infos)
         return result, caller_event(tensors)
     return run
 

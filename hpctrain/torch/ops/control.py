@@ -16,7 +16,7 @@ def barrier(process_set=global_process_set):
     pset = member_set(w, process_set, "barrier")
     name = w.next_name(pset.process_set_id, "barrier")
     handle = submit(w, pset, name, ("barrier",), "barrier()",
-                    lambda comm, infos, joined: (None, None))
+                    lambda comm, infos: (None, None))
     synchronize(handle)
 
 
@@ -46,7 +46,7 @@ def add_process_set(process_set):
     ranks = w.resolve_ranks(pset)
     name = w.next_name(0, "process_set")
 
-    def run(comm, infos, joined):
+    def run(comm, infos):
         return w.register_set(pset, ranks), None
 
     return synchronize(submit(w, global_process_set, name, ("add_process_set", tuple(ranks)),
@@ -63,7 +63,7 @@ def remove_process_set(process_set):
     set_id = process_set.process_set_id
     name = w.next_name(0, "process_set")
 
-    def run(comm, infos, joined):
+    def run(comm, infos):
         return w.unregister_set(set_id), None
 
     return synchronize(submit(w, global_process_set, name, ("remove_process_set", set_id),

@@ -76,7 +76,7 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
     w, pset, name = start(function, name, process_set, _check(tensors, op, function))
     algo = w.algorithm_for("reducescatter")
 
-    def work(comm, infos, joined):
+    def work(comm, infos):
         out = scatter_into(comm, algo, tensors, op, prescale_factor, postscale_factor)
         return out[0] if single else out
 
@@ -143,7 +143,7 @@ def scatter_rows(grads, rows, process_set):
     w, pset, name = start("allgather (gradient)", None, process_set, lambda: None)
     algo = w.algorithm_for("reducescatter")
 
-    def work(comm, infos, joined):
+    def work(comm, infos):
         size = comm.Get_size()
         outputs = []
         for i, grad in enumerate(grads):
