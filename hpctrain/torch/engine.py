@@ -40,6 +40,12 @@ POLL_S = 0.0001
 DEADLOCK_S = float(os.environ.get("HPCTRAIN_DEADLOCK_S", "2"))
 #: Tests of a negotiation before the thread starts sleeping between them.
 SPINS = 200
+#: The queue of requests from the callers' threads to the communication thread. Not
+#: ``queue.SimpleQueue``: in CPython 3.11 its ``get(timeout=t)`` can wait for ever when the
+#: thread is preempted for longer than ``t`` at the wrong moment (its recomputed timeout goes
+#: negative, which means "no timeout"), and the engine waits with timeouts of a cycle or
+#: less on a machine where ranks outnumber cores. ``queue.Queue`` checks for that.
+Inbox = queue.Queue
 #: Seconds an operation may wait for other ranks before rank 0 names the missing ones
 #: (``HPCTRAIN_STALL_CHECK_S``; 0 turns the warning off), as Horovod's stall inspector.
 STALL_S = float(os.environ.get("HPCTRAIN_STALL_CHECK_S", "60"))
@@ -107,12 +113,13 @@ class Request:
     waiting for it.
     """
 
-    __slots__ = ("set_id", "name", "signature", "info", "describe", "run", "handle")
+    __slots__ = ("set_id", "name", "signature", "info", "describe", "run", "handle", "since")
 
     def __init__(self, set_id, name, signature, describe, run, info=None):
         self.set_id, self.name, self.signature = set_id, name, signature
         self.info, self.describe, self.run = info, describe, run
         self.handle = Handle()
+        self.since = 0.0                # when it was submitted (monotonic)
 
     @property
     def key(self):
@@ -155,7 +162,7 @@ class Engine:
         self.sets = sets
         self.joined_runs = joined_runs      # kind -> run(comm, signature) for a joined rank
         self.timeline = None            # set by hvd.start_timeline
-        self._queue = queue.SimpleQueue()
+        self._queue = Inbox()
         self._mine = {}                 # key -> Request of this rank, submitted, not yet run
         self._table = OrderedDict()     # key -> _Entry, the same on every rank
         self._joined = {}               # rank -> order of joining (the same on every rank)
@@ -164,7 +171,8 @@ class Engine:
         self._started = 0.0             # when the last negotiation began (monotonic)
         self._waiters = Waiters()
         self._blocked = [False] * self.size     # per rank, from the last negotiation
-        self._deadlock_cycles = 0
+        self._clock = 0.0               # rank 0's clock at the last negotiation (seconds)
+        self._quiet_since = None        # rank 0's clock when every rank became blocked
         self._stop = threading.Event()
         self._ended = None
         self._thread = threading.Thread(target=self._serve, name="hpctrain-comm", daemon=True)
@@ -181,6 +189,7 @@ class Engine:
             raise ValueError(f"Requested to {request.signature[0]} a tensor with the same "
                              f"name as another tensor that is currently being processed: "
                              f"{request.name!r}. Names in flight must be unique.")
+        request.since = time.monotonic()
         self._mine[request.key] = request
         request.handle.waiters = self._waiters
         if self.timeline is not None:
@@ -277,10 +286,12 @@ class Engine:
         from mpi4py import MPI
 
         payload = pickle.dumps(mine, protocol=pickle.HIGHEST_PROTOCOL) if mine else b""
-        # Per rank: the bytes of its requests, and whether a thread of it waits for one.
-        both = np.zeros((self.size, 2), dtype=np.int64)
+        # Per rank: the bytes of its requests, whether a thread of it waits for one, and
+        # its clock (rank 0's is the one every rank uses to time a deadlock alike).
+        both = np.zeros((self.size, 3), dtype=np.int64)
         request = self.comm.Iallgather(
-            np.array([len(payload), self._waiters.count > 0], dtype=np.int64), both)
+            np.array([len(payload), self._waiters.count > 0, time.monotonic_ns() // 1000],
+                     dtype=np.int64), both)
         # A few tests first (the others are often there already), then short sleeps, so
         # that a thread waiting for a slow rank leaves the core to the computation.
         spins = SPINS
@@ -293,6 +304,7 @@ class Engine:
             time.sleep(POLL_S)
         counts, blocked = both[:, 0], both[:, 1]
         self._blocked = blocked.astype(bool).tolist()
+        self._clock = int(both[0, 2]) / 1e6
         if not counts.any():
             return [[] for _ in range(self.size)]
         data = np.empty(int(counts.sum()), dtype=np.uint8)
@@ -358,17 +370,17 @@ class Engine:
         """Fail everything in flight, on every rank, once every rank has been blocked
         waiting for operations that no other rank asked for, for ``DEADLOCK_S`` seconds
         with nothing asked or run meanwhile (ranks that issued different names, say). Every
-        rank sees the same table and the same flags, so all decide alike."""
+        rank sees the same table, the same flags and the same clock (rank 0's, sent in
+        every negotiation), so all decide alike, in the same negotiation, however slowly
+        negotiations go on a loaded machine."""
         if moved or not self._table or not all(self._blocked):
-            self._deadlock_cycles = 0
+            self._quiet_since = None
             return
-        # Counted in negotiations, not in each rank's own seconds: every rank counts the
-        # same cycles, so all of them decide in the same one. A busy negotiation takes at
-        # least a cycle (CYCLE_S), so this is at least DEADLOCK_S.
-        self._deadlock_cycles += 1
-        if self._deadlock_cycles < DEADLOCK_S / max(CYCLE_S, 0.001):
+        if self._quiet_since is None:
+            self._quiet_since = self._clock
+        if self._clock - self._quiet_since < DEADLOCK_S:
             return
-        self._deadlock_cycles = 0
+        self._quiet_since = None
         waits = []
         for (set_id, name), entry in self._table.items():
             members = self._members(set_id) if set_id in self.sets else []
@@ -426,19 +438,33 @@ class Engine:
             request.handle.finish(error=HorovodInternalError(why))
 
     def _warn_stalls(self):
-        if not STALL_S or self.rank != 0 or not self._table:
+        """Name what an operation waits for once it has waited ``STALL_S``: on rank 0 (as
+        Horovod's stall inspector) the ranks that have not asked for it; on every rank, its
+        own operations that are in no table at all (asked for, never negotiated: a defect,
+        not a user's mistake)."""
+        if not STALL_S or not (self._table or self._mine):
             return
         now = time.monotonic()
-        for key, entry in self._table.items():
-            if key in self._stalled or now - entry.since < STALL_S:
+        if self.rank == 0:
+            for key, entry in self._table.items():
+                if key in self._stalled or now - entry.since < STALL_S:
+                    continue
+                self._stalled.add(key)
+                members = self._members(key[0]) if key[0] in self.sets else []
+                missing = [r for r in members
+                           if r not in entry.signatures and r not in self._joined]
+                print(f"[hpctrain] warning: {key[1]!r} has waited {now - entry.since:.0f} s "
+                      f"for rank(s) {_ranks(missing)}, which have not asked for it: a rank "
+                      f"that skips a collective, or issues it under another name, stalls the "
+                      f"others", flush=True)
+        for key, request in list(self._mine.items()):
+            if (key in self._table or key in self._stalled or now - request.since < STALL_S
+                    or not self._queue.empty()):
                 continue
             self._stalled.add(key)
-            members = self._members(key[0]) if key[0] in self.sets else []
-            missing = [r for r in members if r not in entry.signatures and r not in self._joined]
-            print(f"[hpctrain] warning: {key[1]!r} has waited {now - entry.since:.0f} s for "
-                  f"rank(s) {', '.join(map(str, missing))}, which have not asked for it: a "
-                  f"rank that skips a collective, or issues it under another name, stalls "
-                  f"the others", flush=True)
+            print(f"[hpctrain] warning: rank {self.rank}: {key[1]!r} has waited "
+                  f"{now - request.since:.0f} s and is in no negotiation "
+                  f"(table: {[k[1] for k in self._table]}); please report this", flush=True)
 
     def _end(self, reason):
         """Fail every operation of this rank that will now never run."""
