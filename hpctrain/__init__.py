@@ -5,3 +5,11 @@ the subcommands.
 """
 
 __version__ = "0.1.0"
+
+import os as _os
+
+# An Open MPI built with CUDA support prints a banner from every rank at MPI_Init on a
+# machine without the NVIDIA driver ("dlopen failed ... libcuda.so.1"); `hpctrain info`
+# reports that more precisely (a driver, GPUs, a CUDA-aware library: which is missing). A
+# setting of the user's own wins. Open MPI builds without CUDA ignore the variable.
+_os.environ.setdefault("OMPI_MCA_opal_warn_on_missing_libcuda", "0")

@@ -57,7 +57,8 @@ def describe_rank(comm):
     """This rank's host, PID, node-local rank, GPU and library versions (collective)."""
     local_rank = node_local_rank(comm)
     return {"rank": comm.rank, "host": socket.gethostname(), "pid": os.getpid(),
-            "local_rank": local_rank, "gpu": gpu_for(local_rank), "versions": versions()}
+            "local_rank": local_rank, "gpu": gpu_for(local_rank), "versions": versions(),
+            "driver": mpi_support.cuda_driver()}
 
 
 def gpu_for(local_rank):
@@ -98,10 +99,36 @@ def format_table(ranks, library, standard, cuda, horovod):
     lines.append(f"  same on every rank: {'yes' if not differing else f'NO, ranks {differing}'}")
     lines += ["", f"MPI library      {library} (MPI {standard})",
               f"world size       {len(ranks)}",
-              f"CUDA-aware MPI   {cuda}{_staging_hint(cuda, ranks)}",
-              "Horovod build    " + _format_horovod(horovod), "",
-              _format_ranks(ranks)]
+              f"MPI CUDA support {cuda}"]
+    drivers = [r.get("driver") for r in ranks]
+    if all(drivers):
+        # The three things a device buffer handed to MPI needs, told apart.
+        lines += [f"CUDA driver      {_format_drivers(drivers)}",
+                  f"GPUs visible     {_format_gpus(drivers)}"]
+        ok, missing = mpi_support.device_memory_verdict(cuda, drivers)
+        word = {True: "yes", False: "no", None: "unknown"}[ok]
+        lines.append(f"device buffers   {word}{': ' + missing if missing else ''} "
+                     f"(MPI gets CUDA memory only with all three)")
+    lines[-1] += _staging_hint(cuda, ranks)
+    lines += ["Horovod build    " + _format_horovod(horovod), "", _format_ranks(ranks)]
     return "\n".join(lines)
+
+
+def _format_drivers(drivers):
+    details = sorted({d.detail for d in drivers})
+    if len(details) == 1:
+        return ("yes, " if drivers[0].present else "no, ") + details[0]
+    return "; ".join(f"rank(s) {[r for r, d in enumerate(drivers) if d.detail == text]}: "
+                     f"{text}" for text in details)
+
+
+def _format_gpus(drivers):
+    counts = sorted({d.gpus for d in drivers})
+    if counts == [0]:
+        return "none"
+    if len(counts) == 1:
+        return f"{counts[0]} per rank"
+    return ", ".join(f"rank {r}: {d.gpus}" for r, d in enumerate(drivers))
 
 
 def _staging_hint(cuda, ranks):

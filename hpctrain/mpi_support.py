@@ -9,6 +9,11 @@ mpi4py itself has no CUDA-awareness query. We ask, in order of trust:
    answers for how the library was built.
 
 The first method that gives an answer decides; the answer carries the method's name.
+
+That answers for the library only. A device buffer can be handed to MPI when, besides, a
+CUDA driver is installed and starts (:func:`cuda_driver`, asked through the driver API itself,
+whatever torch was built for) and this process sees a GPU: :func:`device_memory_verdict`
+puts the three together and names what is missing.
 """
 
 import ctypes
@@ -97,3 +102,50 @@ def _from_ompi_info(_comm):
             value = line.rsplit(":", 1)[1].strip()
             return CudaAwareness(value == "true", f"ompi_info: {line.strip()}")
     return None
+
+
+@dataclass(frozen=True)
+class CudaDriver:
+    """Whether the CUDA driver loads and starts in this process, and how many GPUs it sees
+    (``CUDA_VISIBLE_DEVICES`` applied); ``detail`` says what was found or what failed."""
+
+    present: bool
+    gpus: int
+    detail: str
+
+
+def cuda_driver():
+    """Ask the CUDA driver API (``libcuda.so.1``, installed with the NVIDIA driver) directly:
+    loaded, ``cuInit(0)`` succeeded, its version and ``cuDeviceGetCount``."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return CudaDriver(False, 0, "libcuda.so.1 not found: no NVIDIA driver")
+    status = lib.cuInit(0)
+    if status != 0:
+        return CudaDriver(False, 0, f"cuInit(0) failed with CUDA error {status}")
+    version, count = ctypes.c_int(0), ctypes.c_int(0)
+    lib.cuDriverGetVersion(ctypes.byref(version))
+    if lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        count.value = 0
+    return CudaDriver(True, count.value, f"CUDA driver API {version.value // 1000}."
+                                         f"{version.value % 1000 // 10}")
+
+
+def device_memory_verdict(awareness, drivers):
+    """``(True, "")`` when a device buffer can be handed to MPI on every rank: the library is
+    CUDA-aware, and every rank's driver (``drivers``: a :class:`CudaDriver` per rank) starts
+    and sees a GPU; else ``(False or None, what is missing)``."""
+    missing = []
+    if awareness.aware is not True:
+        missing.append("the MPI library is not built CUDA-aware" if awareness.aware is False
+                       else "whether the MPI library is CUDA-aware is unknown")
+    without_driver = [r for r, d in enumerate(drivers) if not d.present]
+    without_gpu = [r for r, d in enumerate(drivers) if d.present and d.gpus == 0]
+    for ranks, what in ((without_driver, "no CUDA driver"), (without_gpu, "no GPU visible")):
+        if ranks:
+            where = "" if len(ranks) == len(drivers) else f" on rank(s) {ranks}"
+            missing.append(what + where)
+    if not missing:
+        return True, ""
+    return (None if awareness.aware is None and len(missing) == 1 else False), "; ".join(missing)

@@ -191,3 +191,43 @@ def test_info_points_ranks_with_a_gpu_to_a_cuda_aware_mpi():
     for gpu, aware in (("-", False), ("cuda:0 H100", True)):
         table = format_table(_ranks(gpu), "Open MPI", "3.1", CudaAwareness(aware, "f"), build)
         assert "build-cuda-mpi" not in table
+
+
+# ----- hpctrain info: a CUDA-aware library, a driver, a GPU — told apart ---------------------
+
+def test_device_buffers_need_a_cuda_aware_library_a_driver_and_a_gpu_on_every_rank():
+    from hpctrain.mpi_support import CudaDriver, device_memory_verdict
+
+    gpu = CudaDriver(True, 1, "CUDA driver API 12.4")
+    no_gpu = CudaDriver(True, 0, "CUDA driver API 12.4")
+    absent = CudaDriver(False, 0, "libcuda.so.1 not found: no NVIDIA driver")
+    aware, unaware = CudaAwareness(True, "f"), CudaAwareness(False, "f")
+    assert device_memory_verdict(aware, [gpu, gpu]) == (True, "")
+    # The machine: a CUDA-built Open MPI, no driver, no GPU.
+    assert device_memory_verdict(aware, [absent, absent]) == (False, "no CUDA driver")
+    assert device_memory_verdict(aware, [gpu, no_gpu]) == (False, "no GPU visible on rank(s) [1]")
+    assert device_memory_verdict(unaware, [gpu]) == (
+        False, "the MPI library is not built CUDA-aware")
+    assert device_memory_verdict(CudaAwareness(None, "f"), [gpu]) == (
+        None, "whether the MPI library is CUDA-aware is unknown")
+    ok, why = device_memory_verdict(unaware, [absent, gpu])
+    assert not ok and why == ("the MPI library is not built CUDA-aware; "
+                              "no CUDA driver on rank(s) [0]")
+
+
+def test_info_says_which_of_the_three_is_missing():
+    from hpctrain.info import format_table
+    from hpctrain.mpi_support import CudaDriver
+
+    build = {"error": "not importable"}
+    ranks = _ranks("-")
+    ranks[0]["driver"] = CudaDriver(False, 0, "libcuda.so.1 not found: no NVIDIA driver")
+    table = format_table(ranks, "Open MPI", "3.1", CudaAwareness(True, "faked"), build)
+    assert "MPI CUDA support yes (faked)" in table
+    assert "CUDA driver      no, libcuda.so.1 not found" in table
+    assert "GPUs visible     none" in table
+    assert "device buffers   no: no CUDA driver" in table
+    ranks[0]["driver"] = CudaDriver(True, 2, "CUDA driver API 12.4")
+    table = format_table(ranks, "Open MPI", "3.1", CudaAwareness(True, "faked"), build)
+    assert "GPUs visible     2 per rank" in table and "device buffers   yes" in table
+

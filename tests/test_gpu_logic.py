@@ -157,7 +157,7 @@ def test_no_method_is_unknown_and_says_so(monkeypatch):
 
 
 def test_info_prints_the_answer_with_its_method():
-    # What `hpctrain info` shows in its "CUDA-aware MPI" row.
+    # What `hpctrain info` shows in its "MPI CUDA support" row.
     assert str(CudaAwareness(True, "MPIX_Query_cuda_support()")) == \
         "yes (MPIX_Query_cuda_support())"
     assert str(CudaAwareness(False, "mpi_memory_alloc_kinds=mpi,system")) == \

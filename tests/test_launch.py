@@ -30,7 +30,11 @@ def test_info_lists_every_rank_and_the_horovod_build(mpirun, hpctrain_cmd):
     assert len({r[1] for r in ranks}) == 3, "every rank is a process of its own"
     assert "same on every rank: yes" in out
     assert re.search(r"frameworks: .*PyTorch.*; controllers: .*MPI", out), out
-    assert re.search(r"CUDA-aware MPI\s+(yes|no|unknown) \(", out)
+    assert re.search(r"MPI CUDA support (yes|no|unknown) \(", out)
+    # The driver and the GPUs are asked per rank; the verdict names what is missing.
+    assert re.search(r"CUDA driver\s+(yes|no), ", out) and re.search(r"GPUs visible\s+\S", out)
+    assert re.search(r"device buffers\s+(yes|no: .+|unknown: .+) \(MPI gets CUDA memory", out)
+    assert "libcuda.so.1" not in out or "CUDA driver      no, libcuda.so.1" in out, out
     assert out.count("hpctrain info:") == 1, "only rank 0 prints"
 
 
