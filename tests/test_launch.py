@@ -34,7 +34,9 @@ def test_info_lists_every_rank_and_the_horovod_build(mpirun, hpctrain_cmd):
     # The driver and the GPUs are asked per rank; the verdict names what is missing.
     assert re.search(r"CUDA driver\s+(yes|no), ", out) and re.search(r"GPUs visible\s+\S", out)
     assert re.search(r"device buffers\s+(yes|no: .+|unknown: .+) \(MPI gets CUDA memory", out)
-    assert "libcuda.so.1" not in out or "CUDA driver      no, libcuda.so.1" in out, out
+    # No Open MPI banner per rank about a missing libcuda.so.1 (a CUDA-built Open MPI on a
+    # machine without the driver): at most the table's own line names it.
+    assert out.count("libcuda.so.1") <= 1, out
     assert out.count("hpctrain info:") == 1, "only rank 0 prints"
 
 

@@ -113,13 +113,12 @@ class Request:
     waiting for it.
     """
 
-    __slots__ = ("set_id", "name", "signature", "info", "describe", "run", "handle", "since")
+    __slots__ = ("set_id", "name", "signature", "info", "describe", "run", "handle")
 
     def __init__(self, set_id, name, signature, describe, run, info=None):
         self.set_id, self.name, self.signature = set_id, name, signature
         self.info, self.describe, self.run = info, describe, run
         self.handle = Handle()
-        self.since = 0.0                # when it was submitted (monotonic)
 
     @property
     def key(self):
@@ -189,7 +188,6 @@ class Engine:
             raise ValueError(f"Requested to {request.signature[0]} a tensor with the same "
                              f"name as another tensor that is currently being processed: "
                              f"{request.name!r}. Names in flight must be unique.")
-        request.since = time.monotonic()
         self._mine[request.key] = request
         request.handle.waiters = self._waiters
         if self.timeline is not None:
@@ -438,33 +436,19 @@ class Engine:
             request.handle.finish(error=HorovodInternalError(why))
 
     def _warn_stalls(self):
-        """Name what an operation waits for once it has waited ``STALL_S``: on rank 0 (as
-        Horovod's stall inspector) the ranks that have not asked for it; on every rank, its
-        own operations that are in no table at all (asked for, never negotiated: a defect,
-        not a user's mistake)."""
-        if not STALL_S or not (self._table or self._mine):
+        if not STALL_S or self.rank != 0 or not self._table:
             return
         now = time.monotonic()
-        if self.rank == 0:
-            for key, entry in self._table.items():
-                if key in self._stalled or now - entry.since < STALL_S:
-                    continue
-                self._stalled.add(key)
-                members = self._members(key[0]) if key[0] in self.sets else []
-                missing = [r for r in members
-                           if r not in entry.signatures and r not in self._joined]
-                print(f"[hpctrain] warning: {key[1]!r} has waited {now - entry.since:.0f} s "
-                      f"for rank(s) {_ranks(missing)}, which have not asked for it: a rank "
-                      f"that skips a collective, or issues it under another name, stalls the "
-                      f"others", flush=True)
-        for key, request in list(self._mine.items()):
-            if (key in self._table or key in self._stalled or now - request.since < STALL_S
-                    or not self._queue.empty()):
+        for key, entry in self._table.items():
+            if key in self._stalled or now - entry.since < STALL_S:
                 continue
             self._stalled.add(key)
-            print(f"[hpctrain] warning: rank {self.rank}: {key[1]!r} has waited "
-                  f"{now - request.since:.0f} s and is in no negotiation "
-                  f"(table: {[k[1] for k in self._table]}); please report this", flush=True)
+            members = self._members(key[0]) if key[0] in self.sets else []
+            missing = [r for r in members if r not in entry.signatures and r not in self._joined]
+            print(f"[hpctrain] warning: {key[1]!r} has waited {now - entry.since:.0f} s for "
+                  f"rank(s) {_ranks(missing)}, which have not asked for it: a rank that "
+                  f"skips a collective, or issues it under another name, stalls the others",
+                  flush=True)
 
     def _end(self, reason):
         """Fail every operation of this rank that will now never run."""
