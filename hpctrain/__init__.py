@@ -13,3 +13,9 @@ import os as _os
 # reports that more precisely (a driver, GPUs, a CUDA-aware library: which is missing). A
 # setting of the user's own wins. Open MPI builds without CUDA ignore the variable.
 _os.environ.setdefault("OMPI_MCA_opal_warn_on_missing_libcuda", "0")
+
+# Before MPI_Init reads it: whether a rank waiting in MPI yields its core to the computing
+# threads (hpctrain.mpi_support.wait_policy says when and why). A setting of the user's wins.
+from . import mpi_support as _mpi_support  # noqa: E402
+
+_mpi_support.apply_wait_policy()

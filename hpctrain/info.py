@@ -99,6 +99,7 @@ def format_table(ranks, library, standard, cuda, horovod):
     lines.append(f"  same on every rank: {'yes' if not differing else f'NO, ranks {differing}'}")
     lines += ["", f"MPI library      {library} (MPI {standard})",
               f"world size       {len(ranks)}",
+              f"MPI waiting      {mpi_support.describe_waiting()}",
               f"MPI CUDA support {cuda}"]
     drivers = [r.get("driver") for r in ranks]
     if all(drivers):

@@ -66,12 +66,16 @@ RUNTIME_VARIABLE_PREFIXES = ("PMIX_", "ORTE_", "OMPI_COMM_WORLD_", "OMPI_APP_CTX
 
 def launch_environment(environ=None):
     """``environ`` (default ``os.environ``) without the variables of a running MPI runtime,
-    nor ``HPCTRAIN_PROGRESS_TTY``."""
+    nor ``HPCTRAIN_PROGRESS_TTY``, nor a wait policy hpctrain chose."""
+    from .mpi_support import WAIT_POLICY, YIELD_WHEN_IDLE
+
     environ = os.environ if environ is None else environ
     # PROGRESS_TTY describes the output of the launch that set it; a launch started from one
-    # of its ranks (a test, a study) writes somewhere else.
+    # of its ranks (a test, a study) writes somewhere else. A wait policy hpctrain chose here
+    # was for this launch's ranks per node; the new launch's ranks choose their own.
+    ours = {PROGRESS_TTY} | ({WAIT_POLICY, YIELD_WHEN_IDLE} if WAIT_POLICY in environ else set())
     return {name: value for name, value in environ.items()
-            if not name.startswith(RUNTIME_VARIABLE_PREFIXES) and name != PROGRESS_TTY}
+            if not name.startswith(RUNTIME_VARIABLE_PREFIXES) and name not in ours}
 
 
 class LaunchHung(RuntimeError):

@@ -14,6 +14,7 @@ import pytest
 from conftest import REPO, MpirunHung, assert_ended_by, run_bounded, seconds_after_fault
 from hpctrain.launch import (PROGRESS_TTY, kill_launch, launch_environment, mpirun_command,
                              split_options)
+from hpctrain.mpi_support import WAIT_POLICY, YIELD_WHEN_IDLE, apply_wait_policy, wait_policy
 
 FAULT_TIMEOUT = 60  # s: a normal 3-rank info launch takes well under 20 s here
 FAIL_WITHIN = 10    # s from the fault to the end of the job: MPI_Abort, not a time-out
@@ -31,6 +32,7 @@ def test_info_lists_every_rank_and_the_horovod_build(mpirun, hpctrain_cmd):
     assert "same on every rank: yes" in out
     assert re.search(r"frameworks: .*PyTorch.*; controllers: .*MPI", out), out
     assert re.search(r"MPI CUDA support (yes|no|unknown) \(", out)
+    assert re.search(r"MPI waiting      (yields the core|spins|Open MPI's default)", out), out
     # The driver and the GPUs are asked per rank; the verdict names what is missing.
     assert re.search(r"CUDA driver\s+(yes|no), ", out) and re.search(r"GPUs visible\s+\S", out)
     assert re.search(r"device buffers\s+(yes|no: .+|unknown: .+) \(MPI gets CUDA memory", out)
@@ -146,6 +148,51 @@ def test_launch_environment_keeps_user_settings():
                               "OMPI_COMM_WORLD_SIZE": "2", "OMPI_MCA_btl_tcp_if_include": "lo",
                               "SLURM_JOB_ID": "7", "PATH": "/bin", PROGRESS_TTY: "1"})
     assert env == {"OMPI_MCA_btl_tcp_if_include": "lo", "SLURM_JOB_ID": "7", "PATH": "/bin"}
+
+
+# --- how ranks wait in MPI: yield the core when ranks and their threads outnumber the cores ---
+
+@pytest.mark.parametrize("environ, cores, decision", [
+    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, 2, True),     # 4 busy threads on 2 cores
+    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "1"}, 2, False),    # one rank: a core for each thread
+    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "4"}, 8, False),
+    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "1"}, 1, True),     # a rank bound to one core
+    ({"MPI_LOCALNRANKS": "3"}, 4, True),                # MPICH's Hydra
+    ({"SLURM_NTASKS_PER_NODE": "8"}, 64, False),        # srun, without mpirun's variables
+    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "x"}, 2, None),     # unknown: Open MPI's default stands
+    ({}, 2, None),
+])
+def test_ranks_yield_only_when_their_threads_outnumber_the_cores(environ, cores, decision):
+    assert wait_policy(environ, cores)[0] is decision
+    applied = dict(environ)
+    apply_wait_policy(applied, cores)
+    assert applied.get(YIELD_WHEN_IDLE) == ("1" if decision else None)
+
+
+def test_a_wait_setting_of_the_users_own_wins():
+    environ = {"OMPI_COMM_WORLD_LOCAL_SIZE": "4", YIELD_WHEN_IDLE: "0"}
+    assert apply_wait_policy(environ, 2) == (None, "set by the user")
+    assert environ == {"OMPI_COMM_WORLD_LOCAL_SIZE": "4", YIELD_WHEN_IDLE: "0"}
+    # ... and reaches the ranks of a launch, where a choice of hpctrain's is made afresh.
+    assert launch_environment(environ)[YIELD_WHEN_IDLE] == "0"
+    ours = {"SLURM_NTASKS_PER_NODE": "4"}
+    apply_wait_policy(ours, 2)
+    assert ours[YIELD_WHEN_IDLE] == "1" and "4 rank(s)" in ours[WAIT_POLICY]
+    assert YIELD_WHEN_IDLE not in launch_environment(ours)
+    assert WAIT_POLICY not in launch_environment(ours)
+
+
+SHOW_WAIT = [sys.executable, "-c", "import os, hpctrain; os.write(1, b'wait %r\\n' % "
+                                   f"os.environ.get('{YIELD_WHEN_IDLE}'))"]
+
+
+@pytest.mark.parametrize("np", [1, 2, 3])
+def test_every_rank_chooses_how_to_wait_when_it_imports_hpctrain(np):
+    result = run_bounded([sys.executable, "-m", "hpctrain.launch", "-np", str(np), *SHOW_WAIT],
+                         timeout=120, env={**launch_environment(), "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0, result.output
+    expected = "'1'" if 2 * np > len(os.sched_getaffinity(0)) else "None"
+    assert result.output.count(f"wait {expected}") == np, result.output
 
 
 # --- python -m hpctrain.launch: its flags, its argument split, the terminal it reports ---------

@@ -29,6 +29,7 @@ def header_lines(title, settings, comm):
     found = versions()
     lines.append("# " + "  ".join(f"{name} {found[name] or '-'}" for name in found))
     lines.append(f"# MPI: {mpi_support.library_version()}")
+    lines.append(f"# MPI waiting: {mpi_support.describe_waiting()}")
     lines += [f"#  Rank {rank:3d} Pid {pid:7d} on {host}" for rank, (host, pid) in enumerate(ranks)]
     return lines
 
@@ -36,7 +37,8 @@ def header_lines(title, settings, comm):
 def environment():
     """Versions and platform, for the machine-readable outputs."""
     return {"versions": versions(), "mpi": mpi_support.library_version(),
-            "machine": platform.machine(), "cpus": os.cpu_count()}
+            "mpi_waiting": mpi_support.describe_waiting(), "machine": platform.machine(),
+            "cpus": os.cpu_count()}
 
 
 def write_json(path, document):
