@@ -1,24 +1,21 @@
 """``DistributedOptimizer``: gradients averaged in buckets while backward runs.
 
-Parameters are cut into buckets of about ``bucket_mb`` MB in reverse registration order
-(:func:`hpctrain.torch.buckets.assign_buckets`), one flat buffer each, on the gradients'
-device. A hook (``register_post_accumulate_grad_hook``) counts the gradients autograd has
-finished; when a bucket's are all there, the communication thread copies them into the
-bucket's buffer (torch copies without the GIL, so the copy runs on another core while
+The buckets, their hooks and their order are :class:`hpctrain.torch.reducer.BucketReducer`'s
+(the one gradient path, shared with ``hpctrain train``'s parameter servers): parameters cut
+into buckets of about ``bucket_mb`` MB in reverse registration order, one flat buffer each,
+on the gradients' device, each bucket handed to the communication thread, in bucket order,
+as soon as backward has finished its gradients. Here a bucket's operation is an allreduce,
+named after the optimizer and the bucket: the communication thread copies the gradients into
+the bucket's buffer (torch copies without the GIL, so the copy runs on another core while
 backward goes on, as Horovod's fusion-buffer copies run on its C++ thread) and reduces it.
-``synchronize()`` then makes every ``param.grad`` a view of its place in the buffer, as
-DDP's ``gradient_as_bucket_view``: the reduced gradient is there with no copy back, and
-with ``zero_grad(set_to_none=False)`` backward accumulates straight into the buffer, so the
-next copy is skipped. That trades the copy for a zeroing and an in-place accumulation, which
-measured slower on the CPU (docs/training.md): ``hpctrain train`` keeps ``set_to_none=True``.
-Over one rank (and no compression or predivision) nothing is
-reduced, and nothing is copied: an average over one rank is the gradient itself.
-
-A bucket whose gradients are all there is queued on the communication thread, in bucket
-order (never bucket i+1 before bucket i, whatever the hooks' timing, so every rank issues
-the same collectives in the same order), and reduced there while backward computes the
-earlier layers. ``synchronize()`` (called by ``step()``) queues what is left, with zeros for
-parameters that got no gradient, and waits.
+``synchronize()`` (called by ``step()``) hands over what is left, with zeros for parameters
+that got no gradient, waits, and makes every ``param.grad`` a view of its place in the
+buffer, as DDP's ``gradient_as_bucket_view``: the reduced gradient is there with no copy
+back, and with ``zero_grad(set_to_none=False)`` backward accumulates straight into the
+buffer, so the next copy is skipped. That trades the copy for a zeroing and an in-place
+accumulation, which measured slower on the CPU (docs/training.md): ``hpctrain train`` keeps
+``set_to_none=True``. Over one rank (and no compression or predivision) nothing is reduced,
+and nothing is copied: an average over one rank is the gradient itself.
 
 On CUDA, the hook records an event on the stream that produced the gradient; the
 communication thread waits for it before the reduction (``collectives.allreduce`` then
@@ -26,7 +23,6 @@ moves device memory to a CUDA-aware MPI or stages it through pinned host memory 
 and the caller's stream waits for the reduction's event before the optimizer reads it.
 """
 
-import threading
 import time
 import warnings
 import zlib
@@ -35,31 +31,15 @@ from contextlib import contextmanager
 import torch
 
 from .basics import world
-from .buckets import FlatBuffer, assign_buckets
 from .compression import Compression
 from .ops.allreduce import bucket_signature, reduce_flat
 from .ops.common import Average, Sum, caller_event, member_set, resolve_op, submit, \
     wait_event
 from .process_sets import global_process_set
+from .reducer import BucketReducer
 
 #: Default bucket size (MB), DDP's ``bucket_cap_mb``.
 BUCKET_MB = 25.0
-
-
-class Bucket:
-    """Parameters whose gradients are reduced together through one flat buffer."""
-
-    __slots__ = ("index", "names", "params", "buffer", "pending", "handle", "event", "sparse",
-                 "request")
-
-    def __init__(self, index, named):
-        self.index = index
-        self.names = [n for n, _ in named]
-        self.params = [p for _, p in named]
-        self.buffer = FlatBuffer(self.params)
-        self.pending, self.handle, self.event = len(self.params), None, None
-        self.sparse = ()        # places whose gradient was sparse in this step
-        self.request = None     # (name, signature, describe, run) of its operation, made once
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -84,51 +64,23 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._overlap = overlap
         self._should_synchronize = True
         self._synchronized = False
-        self._lock = threading.Lock()     # autograd may run hooks on its device threads
         self.comm_seconds = 0.0
         # Called on the communication thread before each bucket's reduction (fault tests).
         self.before_reduce = None
         named = _name_parameters(self.param_groups, named_parameters)
-        wanted = [(n, p) for n, p in named if p.requires_grad]
-        self._buckets = [Bucket(i, group) for i, group in
-                         enumerate(assign_buckets(wanted, int(bucket_mb * 2**20)))]
-        self._where = {p: (b, i) for b in self._buckets for i, p in enumerate(b.params)}
-        self._left = {p: self._passes for p in self._where}
-        self._next = 0
         # Over one rank an average, sum, min or max changes nothing: no bucket is filled.
-        self._identity = (compression is Compression.none and self._predivide == 1.0)
-        self._skip = not self._member or (self._process_set.size() == 1 and self._identity)
+        identity = (compression is Compression.none and self._predivide == 1.0)
+        skip = not self._member or (self._process_set.size() == 1 and identity)
+        self._reducer = BucketReducer(named, int(bucket_mb * 2**20), self._submit,
+                                      passes=self._passes, overlap=overlap, skip=skip)
         self._parameter_names = {p: n for n, p in named}     # Horovod's attribute
-        self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready)
-                       for p in self._where]
 
     # --- during backward ---------------------------------------------------------------------
 
-    def _grad_ready(self, param):
-        bucket, i = self._where[param]
-        with self._lock:
-            if self._left[param] == 0:
-                raise AssertionError(
-                    "Gradients were computed more than backward_passes_per_step times before "
-                    "call to step(). Increase backward_passes_per_step to accumulate "
-                    "gradients locally.")
-            self._left[param] -= 1
-            if self._left[param]:
-                return      # accumulate locally for another backward pass
-            bucket.pending -= 1
-            if bucket.pending == 0 and not self._skip:
-                bucket.event = caller_event(bucket.params[:1])
-                if self._overlap:
-                    self._queue_ready()
-
-    def _queue_ready(self):
-        # In bucket order only: a later bucket that filled first waits for the earlier ones.
-        while self._next < len(self._buckets) and self._buckets[self._next].pending == 0:
-            bucket = self._buckets[self._next]
-            if bucket.request is None:
-                bucket.request = self._request(bucket)
-            bucket.handle = submit(self._world, self._process_set, *bucket.request)
-            self._next += 1
+    def _submit(self, bucket):
+        if bucket.request is None:
+            bucket.request = self._request(bucket)
+        return submit(self._world, self._process_set, *bucket.request)
 
     def _request(self, bucket):
         """The name, signature, description and data phase of ``bucket``'s operation, the
@@ -147,9 +99,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         describe = (f"DistributedOptimizer bucket {bucket.index} ({flat.numel()} elements of "
                     f"{', '.join(bucket.names[:3])}{', ...' if len(bucket.names) > 3 else ''})")
         return (f"{self._name}.bucket.{bucket.index}", signature, describe,
-                self._reducer(bucket, op, prescale, postscale))
+                self._reduction(bucket, op, prescale, postscale))
 
-    def _reducer(self, bucket, op, prescale, postscale):
+    def _reduction(self, bucket, op, prescale, postscale):
         algo = self._world.algo
 
         def run(comm, infos):
@@ -184,30 +136,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         Synchronisation point: every bucket's collective. Parameters that got no gradient
         in this step take part with zeros (and then hold the others' average).
         """
-        if self._skip:
-            self._reset()           # one rank's average is its own gradient: nothing to do
+        if self._reducer.skip:
+            self._reducer.reset()   # one rank's average is its own gradient: nothing to do
             self._synchronized = True
             return
-        with self._lock:
-            for bucket in self._buckets:
-                if bucket.pending:
-                    # Parameters without a gradient take part with zeros (pack of None).
-                    bucket.pending = 0
-                    bucket.event = caller_event(bucket.params[:1])
-            self._queue_ready()
+        events = self._reducer.synchronize()
         sparse = []
-        try:
-            for bucket in self._buckets:
-                event = bucket.handle.wait()
-                if event is not None:
-                    torch.cuda.current_stream(event.device).wait_event(event)
-                for i, (p, slot) in enumerate(zip(bucket.params, bucket.buffer.slots)):
-                    if i not in bucket.sparse:
-                        p.grad = slot   # the reduced gradient, in place: no copy back
-                sparse.extend((bucket, i) for i in bucket.sparse)
-            self._reduce_sparse(sparse)
-        finally:
-            self._reset()
+        for bucket, event in zip(self._reducer.buckets, events):
+            if event is not None:
+                torch.cuda.current_stream(event.device).wait_event(event)
+            for i, (p, slot) in enumerate(zip(bucket.params, bucket.buffer.slots)):
+                if i not in bucket.sparse:
+                    p.grad = slot   # the reduced gradient, in place: no copy back
+            sparse.extend((bucket, i) for i in bucket.sparse)
+        self._reduce_sparse(sparse)
         self._synchronized = True
 
     def _reduce_sparse(self, places):
@@ -228,13 +170,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     self._process_set)))
         for p, handle in handles:
             p.grad = handle()
-
-    def _reset(self):
-        for bucket in self._buckets:
-            bucket.pending, bucket.handle = len(bucket.params), None
-        for p in self._left:
-            self._left[p] = self._passes
-        self._next = 0
 
     @contextmanager
     def skip_synchronize(self):
@@ -259,7 +194,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none=True):
         """Clear gradients; an error between ``backward`` and ``step`` (a race otherwise)."""
-        if any(left != self._passes for left in self._left.values()):
+        if self._reducer.in_step:
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() but "
                                  "before optimizer.step() or optimizer.synchronize(). This is "
                                  "prohibited as it can cause a race condition.")
@@ -268,13 +203,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     @property
     def buckets(self):
         """The gradient buckets, in the order they are reduced."""
-        return self._buckets
+        return self._reducer.buckets
 
     def close(self, wait=True):
         """Remove the hooks (the optimizer then steps without reducing)."""
-        for hook in self._hooks:
-            hook.remove()
-        self._hooks = []
+        self._reducer.close()
 
 
 def _name_parameters(param_groups, named_parameters):
