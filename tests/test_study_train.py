@@ -134,3 +134,50 @@ def test_study_train_refuses_to_run_under_mpirun(mpirun, hpctrain_cmd):
     result = mpirun(2, [*hpctrain_cmd, "study", "train", "--quick"], timeout=60)
     assert result.returncode == 2
     assert "run it as one process" in result.output
+
+
+def _batch_args(strong=False, global_batch=None, batch_size=32, given=False):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(strong=strong, global_batch=global_batch, batch_size=batch_size,
+                           batch_size_given=given)
+
+
+def test_strong_scaling_splits_the_global_batch_over_the_ranks():
+    from hpctrain.study.train import batch_per_rank, check_batches
+
+    strong = _batch_args(strong=True, global_batch=96)
+    check_batches(strong, [1, 2, 3, 4])
+    assert [batch_per_rank(strong, p) for p in (1, 2, 3, 4)] == [96, 48, 32, 24]
+    weak = _batch_args(batch_size=8)
+    check_batches(weak, [1, 2, 3])
+    assert [batch_per_rank(weak, p) for p in (1, 2, 3)] == [8, 8, 8]
+
+
+@pytest.mark.parametrize("args, message", [
+    (_batch_args(strong=True, global_batch=100), r"does not split evenly over p = 3: give a "
+                                                 r"multiple of 12"),
+    (_batch_args(strong=True), r"--strong .* give --global-batch B"),
+    (_batch_args(strong=True, global_batch=0), r"--global-batch B \(B >= 1"),
+    (_batch_args(strong=True, global_batch=96, given=True), r"drop --batch-size"),
+    (_batch_args(global_batch=96), r"--global-batch is for strong scaling: add --strong"),
+])
+def test_strong_scaling_options_that_do_not_fit_are_refused(args, message):
+    from hpctrain.study.train import check_batches
+
+    with pytest.raises(UsageError, match=message):
+        check_batches(args, [1, 2, 3, 4])
+
+
+def test_the_summary_says_which_scaling_and_each_points_batch():
+    from hpctrain.study.train import summary
+
+    rows = scaling_rows({("ring", 1): [_epochs(1, 100.0)], ("ring", 2): [_epochs(1, 150.0)]}, 2)
+    for row in rows:
+        row["batch_per_rank"] = 96 // row["np"]
+    settings = {"model": "mlp", "batch_size": 32, "scaling": "strong", "global_batch": 96,
+                "epochs": 2, "max_steps": 0, "set": [], "rounds": 1, "launcher": "local"}
+    text = summary(rows, settings, 2, {"mpi": "Open MPI", "versions": {"hpctrain": "0"}})
+    assert "# Training scaling study (strong scaling)" in text
+    assert "global batch 96 at every p, 96 / p per rank" in text
+    assert "| 2 | ring | 48 | 150 |" in text

@@ -7,11 +7,13 @@ from .. import faults
 
 TRAIN_DESCRIPTION = """\
 Training throughput under WEAK scaling: the batch per rank stays fixed while the ranks grow
-(global batch = batch x p). For every --np and every --allreduce name, one MPI job trains the
-same model on the same batches: `hpctrain train --allreduce NAME`, or for the name `ddp`
-PyTorch DistributedDataParallel over gloo, the baseline you would otherwise pick. The first
-epoch of each run is warm-up; the others give samples/s (all ranks' samples over the slowest
-rank's training time). Scaling efficiency = samples/s at p / (p x samples/s at 1).
+(global batch = batch x p); with --strong --global-batch B, under STRONG scaling: the global
+batch stays B and each rank takes B / p, so every p runs the same steps. For every --np and
+every --allreduce name, one MPI job trains the same model on the same batches: `hpctrain
+train --allreduce NAME`, or for the name `ddp` PyTorch DistributedDataParallel over gloo,
+the baseline you would otherwise pick. The first epoch of each run is warm-up; the others
+give samples/s (all ranks' samples over the slowest rank's training time). Scaling
+efficiency = samples/s at p / (p x samples/s at 1).
 
 Writes to --out: train.json (every point and epoch), samples_per_s_vs_p.png,
 efficiency_vs_p.png, summary.md (a table; points with more ranks than cores are marked *),
@@ -51,20 +53,29 @@ def add_parser(subparsers):
     allreduce.set_defaults(func=_run_allreduce)
 
     train = kinds.add_parser(
-        "train", help="training samples/s and weak-scaling efficiency per algorithm, vs DDP",
+        "train", help="training samples/s and weak- or strong-scaling efficiency per "
+                     "algorithm, vs DDP",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=TRAIN_DESCRIPTION,
         epilog="examples:\n"
                "  python -m hpctrain study train --quick         # np 1,2; ring, horovod, ddp\n"
                "  python -m hpctrain study train --np 1,2,4 --allreduce ring,mpi,horovod,ddp\n"
-               "  python -m hpctrain study train --model wide --set model_mb=4 --epochs 2")
+               "  python -m hpctrain study train --model wide --set model_mb=4 --epochs 2\n"
+               "  python -m hpctrain study train --strong --global-batch 96 --np 1,2,3,4")
     train.add_argument("--np", help="rank counts; 1 is always added (default: 1,2,4)")
     train.add_argument("--allreduce", help="hpctrain train's --allreduce names, and ddp for "
                                            "the PyTorch baseline (default: horovod,mpi,ring,"
                                            "tree,butterfly,ddp; horovod where installed)")
     train.add_argument("--model", default="mlp", help="model to train (default: mlp)")
-    train.add_argument("--batch-size", type=int, default=32,
-                       help="batch size PER RANK, the same at every p (default: 32)")
+    train.add_argument("--batch-size", type=int, default=None,
+                       help="batch size PER RANK, the same at every p: weak scaling "
+                            "(default: 32)")
+    train.add_argument("--strong", action="store_true",
+                       help="strong scaling: split --global-batch over the ranks, the same "
+                            "global batch and steps at every p")
+    train.add_argument("--global-batch", type=int, metavar="B",
+                       help="with --strong: the global batch, B / p per rank (B divisible "
+                            "by every --np)")
     train.add_argument("--epochs", type=int,
                        help="epochs per run, the first one warm-up (default: 3)")
     train.add_argument("--max-steps", type=int, default=0,
@@ -124,6 +135,10 @@ def _run_train(args):
     _single_process()
     faults.inject("study.start", 0)
     from . import train
+
+    args.batch_size_given = args.batch_size is not None
+    if args.batch_size is None:
+        args.batch_size = 32
 
     return train.run(args)
 

@@ -87,16 +87,16 @@ def prediction(table, path, title, key="busbw_GBps"):
     _save(fig, path)
 
 
-def throughput_vs_ranks(rows, path, cores):
+def throughput_vs_ranks(rows, path, cores, scaling="weak"):
     """Training samples/s against p, one line per algorithm (``study train``)."""
     _against_ranks(rows, "samples_per_s", path, cores, ylabel="samples/s (all ranks)",
-                   title="training throughput, weak scaling")
+                   title=f"training throughput, {scaling} scaling")
 
 
-def efficiency_vs_ranks(rows, path, cores):
+def efficiency_vs_ranks(rows, path, cores, scaling="weak"):
     """Scaling efficiency against p, one line per algorithm, with the ideal 1 (``study train``)."""
     ax = _against_ranks(rows, "efficiency", None, cores, ylabel="efficiency  S(p) / (p·S(1))",
-                        title="weak-scaling efficiency")
+                        title=f"{scaling}-scaling efficiency")
     ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="ideal")
     ax.legend(fontsize=8)
     _save(ax.figure, path)

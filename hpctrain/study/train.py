@@ -1,17 +1,22 @@
-"""``hpctrain study train``: training throughput under weak scaling, per algorithm, against DDP.
+"""``hpctrain study train``: training throughput under weak or strong scaling, per algorithm,
+against DDP.
 
-Weak scaling: the batch per rank is fixed, so the global batch grows with p and an epoch of
-the data set takes ceil(N / (batch × p)) steps. For every rank count and every ``--allreduce``
-name the study launches one MPI job (:mod:`.launcher`): ``hpctrain train --allreduce NAME``,
-or for ``ddp`` the PyTorch ``DistributedDataParallel`` baseline (:mod:`.ddp`) on the same
-model, data, batches and optimizer. It reads the run's ``metrics.csv``; the first epoch is
-warm-up (reported apart), the rest is measured: samples/s = Σ samples / Σ epoch time over the
-measured epochs, with train's definition of both (every rank's training samples, the slowest
-rank's time). With ``--rounds N`` every point runs N times, the algorithms' order rotated,
-and the best round stands for it. Scaling efficiency at p is samples/s(p) / (p ·
-samples/s(1)) of the same algorithm. The report folder holds ``train.json`` (every point and
-every epoch of every run), ``samples_per_s_vs_p.png``, ``efficiency_vs_p.png``,
-``summary.md`` and ``runs/`` (each run's directory and log).
+Weak scaling (default): the batch per rank is fixed, so the global batch grows with p and an
+epoch of the data set takes ceil(N / (batch × p)) steps. Strong scaling (``--strong
+--global-batch B``): the global batch is fixed and split over the ranks, B / p per rank, so
+every p takes the same steps on the same global batches and only the time per step can
+change: less compute per rank, the same gradient bytes to reduce. For every rank count and
+every ``--allreduce`` name the study launches one MPI job (:mod:`.launcher`): ``hpctrain
+train --allreduce NAME``, or for ``ddp`` the PyTorch ``DistributedDataParallel`` baseline
+(:mod:`.ddp`) on the same model, data, batches and optimizer. It reads the run's
+``metrics.csv``; the first epoch is warm-up (reported apart), the rest is measured:
+samples/s = Σ samples / Σ epoch time over the measured epochs, with train's definition of
+both (every rank's training samples, the slowest rank's time). With ``--rounds N`` every
+point runs N times, the algorithms' order rotated, and the best round stands for it. Scaling
+efficiency at p is samples/s(p) / (p · samples/s(1)) of the same algorithm. The report
+folder holds ``train.json`` (every point and every epoch of every run),
+``samples_per_s_vs_p.png``, ``efficiency_vs_p.png``, ``summary.md`` and ``runs/`` (each
+run's directory and log).
 """
 
 import csv
@@ -49,6 +54,7 @@ def run(args):
         raise UsageError("--epochs must be >= 2: the first epoch is warm-up, the rest measured")
     if args.rounds < 1:
         raise UsageError(f"--rounds must be >= 1, got {args.rounds}")
+    check_batches(args, ranks)
     bad = [item for item in args.set if "=" not in item]
     if bad:
         raise UsageError(f"--set takes KEY=VALUE (a key of `hpctrain train --help`), got {bad}")
@@ -66,9 +72,37 @@ def run(args):
                     f"{' (oversubscribed)' if p > cores else ''}")
                 histories.setdefault((algo, p), []).append(_launch(args, algo, p, round_))
     rows = scaling_rows(histories, cores)
+    for row in rows:
+        row["batch_per_rank"] = batch_per_rank(args, row["np"])
     write_outputs(args, rows, histories, cores)
     say(f"report in {args.out} ({time.monotonic() - started:.0f} s)")
     return 0
+
+
+def check_batches(args, ranks):
+    """``UsageError`` unless the batch options make sense for ``ranks``: with ``--strong``,
+    a ``--global-batch`` that every rank count divides (and no ``--batch-size``)."""
+    if not args.strong:
+        if args.global_batch is not None:
+            raise UsageError("--global-batch is for strong scaling: add --strong (or give "
+                             "--batch-size, the batch per rank, for weak scaling)")
+        return
+    if args.global_batch is None or args.global_batch < 1:
+        raise UsageError("--strong splits a fixed global batch over the ranks: give "
+                         "--global-batch B (B >= 1, divisible by every --np)")
+    if args.batch_size_given:
+        raise UsageError("--strong takes the batch per rank from --global-batch / p: drop "
+                         "--batch-size")
+    uneven = [p for p in ranks if args.global_batch % p]
+    if uneven:
+        whole = math.lcm(*ranks)
+        raise UsageError(f"--global-batch {args.global_batch} does not split evenly over "
+                         f"p = {', '.join(map(str, uneven))}: give a multiple of {whole}")
+
+
+def batch_per_rank(args, p):
+    """The batch of one rank at ``p`` ranks: ``--batch-size``, or ``--global-batch`` / p."""
+    return args.global_batch // p if args.strong else args.batch_size
 
 
 def algorithms(text):
@@ -92,6 +126,7 @@ def measured(history):
     return {"samples_per_s": sum(r["samples"] for r in rest) / seconds,
             "warmup_samples_per_s": warm["samples_per_s"], "measured_epochs": len(rest),
             "steps": sum(int(r["steps"]) for r in rest), "epoch_s": seconds / len(rest),
+            "step_s": seconds / max(1, sum(int(r["steps"]) for r in rest)),
             "compute_s": _mean(rest, "compute_s"), "exposed_comm_s": _mean(rest, "exposed_comm_s"),
             "first_epoch_loss": warm["train_loss"], "last_epoch_loss": rest[-1]["train_loss"]}
 
@@ -122,14 +157,19 @@ def write_outputs(args, rows, histories, cores):
     """train.json, the two plots and summary.md in ``args.out``."""
     env = report.environment()
     settings = {"model": args.model, "batch_size": args.batch_size,
+                "scaling": "strong" if args.strong else "weak",
+                "global_batch": args.global_batch if args.strong else None,
                 "epochs": args.epochs, "warmup_epochs_skipped": 1, "max_steps": args.max_steps,
                 "set": args.set, "rounds": args.rounds, "launcher": args.launcher}
     report.write_json(os.path.join(args.out, "train.json"), _json_safe({
         "settings": settings, "cores": cores, "environment": env, "rows": rows,
         "runs": [{"algo": algo, "np": p, "round": i, "epochs": history}
                  for (algo, p), runs in histories.items() for i, history in enumerate(runs)]}))
-    plots.throughput_vs_ranks(rows, os.path.join(args.out, "samples_per_s_vs_p.png"), cores)
-    plots.efficiency_vs_ranks(rows, os.path.join(args.out, "efficiency_vs_p.png"), cores)
+    scaling = settings["scaling"]
+    plots.throughput_vs_ranks(rows, os.path.join(args.out, "samples_per_s_vs_p.png"), cores,
+                              scaling)
+    plots.efficiency_vs_ranks(rows, os.path.join(args.out, "efficiency_vs_p.png"), cores,
+                              scaling)
     with open(os.path.join(args.out, "summary.md"), "w") as f:
         f.write(summary(rows, settings, cores, env))
 
@@ -139,26 +179,33 @@ def summary(rows, settings, cores, env):
     s = settings
     extra = " ".join(f"--{item}" for item in s["set"]) or "none"
     limit = f", at most {s['max_steps']} steps" if s["max_steps"] else ""
-    lines = ["# Training scaling study (weak scaling)", "",
+    if s["scaling"] == "strong":
+        batches = (f"global batch {s['global_batch']} at every p, {s['global_batch']} / p per "
+                   f"rank (strong scaling: the same steps at every p)")
+    else:
+        batches = f"batch {s['batch_size']} per rank (global batch {s['batch_size']} × p)"
+    lines = [f"# Training scaling study ({s['scaling']} scaling)", "",
              *machine_lines(cores, env, sorted({r["np"] for r in rows})),
-             f"- model {s['model']}, batch {s['batch_size']} per rank (global batch "
-             f"{s['batch_size']} × p), {s['epochs']} epochs per run{limit}; "
+             f"- model {s['model']}, {batches}, {s['epochs']} epochs per run{limit}; "
              f"other training options: {extra}; {s['rounds']} round(s), the best one shown; "
              f"launcher {s['launcher']}",
              "- samples/s: every rank's training samples over the slowest rank's training "
              "time, summed over the epochs after the first (warm-up, shown apart); efficiency: "
              "samples/s at p / (p × samples/s at 1) of the same algorithm; / DDP: samples/s "
              "over PyTorch DDP's (gloo) at the same p.", "",
-             "| p | algorithm | samples/s | median of rounds | per rank | efficiency | / DDP | "
-             "warm-up epoch samples/s | epoch s | compute s | exposed comm s |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| p | algorithm | batch per rank | samples/s | median of rounds | per rank | "
+             "efficiency | / DDP | warm-up epoch samples/s | epoch s | step ms | compute s | "
+             "exposed comm s |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         star = "*" if r["oversubscribed"] else ""
-        lines.append(f"| {r['np']}{star} | {r['algo']} | {r['samples_per_s']:.0f} | "
+        lines.append(f"| {r['np']}{star} | {r['algo']} | {r['batch_per_rank']} | "
+                     f"{r['samples_per_s']:.0f} | "
                      f"{r['median_samples_per_s']:.0f} | {r['per_rank_samples_per_s']:.0f} | "
                      f"{_fixed(r['efficiency'])} | {_fixed(r['vs_ddp'])} | "
                      f"{r['warmup_samples_per_s']:.0f} | "
-                     f"{r['epoch_s']:.3f} | {_fixed(r['compute_s'], 3)} | "
+                     f"{r['epoch_s']:.3f} | {1000 * r['step_s']:.1f} | "
+                     f"{_fixed(r['compute_s'], 3)} | "
                      f"{_fixed(r['exposed_comm_s'], 3)} |")
     lines += ["", "Fastest at each p: " + ", ".join(
         f"p = {p}: {max((r for r in rows if r['np'] == p), key=_speed)['algo']}"
@@ -173,7 +220,8 @@ def summary(rows, settings, cores, env):
 
 def _launch(args, algo, p, round_):
     run_dir = os.path.join(args.out, "runs", f"{algo}-p{p}-r{round_ + 1}")
-    options = ["--model", args.model, "--batch-size", args.batch_size, "--epochs", args.epochs,
+    options = ["--model", args.model, "--batch-size", batch_per_rank(args, p),
+               "--epochs", args.epochs,
                "--max-steps", args.max_steps, "--progress", "never", "--checkpoint-every", "0",
                "--run-dir", run_dir, *(f"--{item}" for item in args.set)]
     argv = [sys.executable, "-m", "hpctrain.study.ddp", *map(str, options)] if algo == DDP \
