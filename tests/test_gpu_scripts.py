@@ -167,6 +167,60 @@ def test_build_cuda_mpi_without_cuda_says_so_and_writes_nothing(tmp_path, no_cud
     assert not cache.exists()
 
 
+def _headers(tmp_path, text="#define CUDA_VERSION 12040\n"):
+    """A CUDA prefix whose include/cuda.h holds ``text`` (``None``: no cuda.h at all)."""
+    include = tmp_path / "cuda" / "include"
+    include.mkdir(parents=True)
+    if text is not None:
+        (include / "cuda.h").write_text(text)
+    return include.parent
+
+
+@pytest.mark.parametrize("text, want", [(None, "no include/cuda.h"),
+                                        ("/* empty */\n", "defines no CUDA_VERSION")])
+def test_build_cuda_mpi_refuses_headers_without_cuda_h_and_writes_nothing(tmp_path, text, want):
+    tarball = _tarball(tmp_path, "openmpi-4.1.6")
+    cache = tmp_path / "cache"
+    code, out = run([SCRIPTS / "build-cuda-mpi", tarball],
+                    env={"HPCTRAIN_CACHE": str(cache), "CUDA_HOME": str(_headers(tmp_path, text))})
+    assert code == 1 and want in out, out
+    assert not cache.exists()
+
+
+def test_build_cuda_mpi_refuses_a_cache_it_cannot_write_before_building(tmp_path):
+    # A folder under a plain file can never be made (permissions would not stop root).
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    code, out = run([SCRIPTS / "build-cuda-mpi", _tarball(tmp_path, "openmpi-4.1.6")],
+                    env={"HPCTRAIN_CACHE": str(blocker / "cache"),
+                         "CUDA_HOME": str(_headers(tmp_path))})
+    assert code == 1 and f"the cache folder {blocker / 'cache'} cannot be written" in out, out
+    assert "HPCTRAIN_CACHE" in out and "configure" not in out
+
+
+@pytest.mark.parametrize("content, want", [
+    ("missing", "no such folder"),
+    ("empty", "holds no Open MPI 4.1 source tarball"),
+    ("tarball only", "no CUDA headers"),
+])
+def test_build_cuda_mpi_offline_names_what_its_folder_lacks(tmp_path, content, want):
+    folder = tmp_path / "sources"
+    if content != "missing":
+        folder.mkdir()
+    if content == "tarball only":
+        _tarball(tmp_path, "openmpi-4.1.6").rename(folder / "openmpi-4.1.6.tar.bz2")
+    cache = tmp_path / "cache"
+    code, out = run([SCRIPTS / "build-cuda-mpi", "--offline", folder],
+                    env={"HPCTRAIN_CACHE": str(cache), "CUDA_HOME": ""})
+    assert code == 1 and want in out, out
+    assert not cache.exists()
+
+
+def test_build_cuda_mpi_takes_one_source_at_a_time(tmp_path):
+    code, out = run([SCRIPTS / "build-cuda-mpi", "a.tar.bz2", "b.tar.bz2"])
+    assert code == 2 and "usage: scripts/build-cuda-mpi" in out
+
+
 # ----- a bundle, and a set-up from it with no index ---------------------------------------
 
 def _cache_dir():
