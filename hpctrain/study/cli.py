@@ -92,6 +92,56 @@ def add_parser(subparsers):
     _add_launch_options(train, os.path.join("runs", "study-train"))
     train.set_defaults(func=_run_train)
 
+    planner = kinds.add_parser(
+        "plan", help="predict a training step at scale: compute, exposed communication, "
+                     "samples/s and efficiency per algorithm and gradient policy",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Predict a data-parallel training step at every rank count up to "
+                    "--ranks, from a model's layers (built on the meta device: shapes only), "
+                    "one device's samples/s and a cluster's links. See docs/studies.md.",
+        epilog="examples:\n"
+               "  python -m hpctrain study plan --model resnet50 --samples-per-s 400 \\\n"
+               "      --batch 64 --ranks 512 --ranks-per-node 8 --intra nvlink --inter ib-edr\n"
+               "  python -m hpctrain study plan --horovod-benchmark    # against published runs")
+    planner.add_argument("--model", help="resnet50, resnet101, vgg16, inception_v3, or "
+                                         "package.module:factory (with --input)")
+    planner.add_argument("--input", metavar="C,H,W", help="one sample's shape, for a factory")
+    planner.add_argument("--batch", type=int, default=64, help="batch per rank (default: 64)")
+    planner.add_argument("--samples-per-s", type=float,
+                         help="one device's training samples/s at --batch")
+    planner.add_argument("--ranks", type=int, default=512,
+                         help="the largest rank count (default: 512, at most 4096)")
+    planner.add_argument("--ranks-per-node", type=int, default=8,
+                         help="ranks (GPUs) per node (default: 8)")
+    planner.add_argument("--intra", default="nvlink",
+                         help="link inside a node: nvlink, pcie, ... (default: nvlink)")
+    planner.add_argument("--inter", default="ib-edr",
+                         help="link between nodes: 10gbe, 25gbe, 100gbe, ib-edr, ib-hdr "
+                              "(default: ib-edr)")
+    planner.add_argument("--adapters", type=int, default=1,
+                         help="network adapters per node (default: 1)")
+    planner.add_argument("--link-efficiency", type=float, default=1.0,
+                         help="share of the line rate reached (default: 1.0)")
+    planner.add_argument("--reduce-rate", type=float, default=100.0,
+                         help="GB/s one rank sums gradients at (default: 100)")
+    planner.add_argument("--params", help="a params.json from study allreduce, instead of links")
+    planner.add_argument("--algos", default="ring,hierarchical",
+                         help="allreduce algorithms of the cost model (default: "
+                              "ring,hierarchical)")
+    planner.add_argument("--policies", default="hpctrain,ddp,horovod",
+                         help="gradient policies (default: hpctrain,ddp,horovod)")
+    planner.add_argument("--bucket-mb", default="4,25",
+                         help="hpctrain's bucket sizes to compare (default: 4,25)")
+    planner.add_argument("--fusion-mb", type=float, default=64.0,
+                         help="Horovod's fusion buffer (default: 64, its size in 2017)")
+    planner.add_argument("--cycle-ms", type=float, default=1.0,
+                         help="Horovod's cycle time (default: 1)")
+    planner.add_argument("--horovod-benchmark", action="store_true",
+                         help="Horovod's published runs against the plan (docs/studies.md)")
+    planner.add_argument("--out", default=os.path.join("runs", "plan"),
+                         help="folder for summary.md, plan.json, plan.png, timeline.png")
+    planner.set_defaults(func=_run_plan)
+
     predict = kinds.add_parser(
         "predict", help="predicted time and busbw per algorithm for p <= 4096, n <= 1 GiB",
         description="From a study's fitted parameters (--params) or from a link's figures "
@@ -129,6 +179,12 @@ def _run_allreduce(args):
     from . import allreduce
 
     return allreduce.run(args)
+
+
+def _run_plan(args):
+    from . import plan
+
+    return plan.run(args)
 
 
 def _run_train(args):

@@ -1,0 +1,149 @@
+"""``study plan``: the architectures' sizes, the step's schedule on cases small enough to work
+out by hand, bad input, and Horovod's published runs."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hpctrain.collectives import cost
+from hpctrain.errors import UsageError
+from hpctrain.study import architectures, plan
+from hpctrain.study.architectures import Layer
+
+
+@pytest.mark.parametrize("name, published", [("resnet50", 25.6e6), ("resnet101", 44.5e6),
+                                             ("vgg16", 138.4e6), ("inception_v3", 23.8e6)])
+def test_architectures_have_their_published_parameter_counts(name, published):
+    model = architectures.build(name)
+    count = sum(p.numel() for p in model.parameters())
+    assert count == pytest.approx(published, rel=0.005)
+    side = architectures.INPUT[name]
+    layers = architectures.layers(model, (3, side, side))
+    assert sum(layer.nbytes for layer in layers) == 4 * count   # every parameter, once
+
+
+def test_vgg16s_large_gradients_are_ready_first_in_backward():
+    layers = architectures.layers(architectures.build("vgg16"), (3, 224, 224))
+    grads = plan.gradients(layers, backward_s=1.0)
+    # The fully connected layers (forward's last) come first and cost little backward time.
+    assert [g.name for g in grads[:3]] == [layers[-1].name, layers[-2].name, layers[-3].name]
+    assert sum(g.nbytes for g in grads[:3]) > 0.85 * sum(g.nbytes for g in grads)
+    assert grads[2].ready < 0.05 and grads[-1].ready == pytest.approx(1.0)
+
+
+def test_backward_reaches_layers_in_reverse_in_proportion_to_their_work():
+    layers = [Layer("a", 100, 1.0), Layer("b", 200, 3.0)]
+    grads = plan.gradients(layers, backward_s=0.8)
+    assert [(g.name, g.nbytes) for g in grads] == [("b", 200), ("a", 100)]
+    assert [g.ready for g in grads] == pytest.approx([0.6, 0.8])
+
+
+def one_second_per_byte(nbytes):
+    return float(nbytes)
+
+
+def test_one_bucket_waits_for_the_end_of_backward_and_is_all_exposed():
+    grads = plan.gradients([Layer("a", 2, 1.0), Layer("b", 3, 1.0)], backward_s=4.0)
+    transfers = plan.in_order(plan.buckets(grads, bucket_bytes=100), one_second_per_byte)
+    assert [(t.nbytes, t.start, t.end) for t in transfers] == [(5, 4.0, 9.0)]
+    assert plan.step_times(2.0, 4.0, transfers) == (11.0, 5.0)
+
+
+def test_a_bucket_reduced_during_backward_is_hidden():
+    # b (3 bytes) ready at 2 s, reduced 2..5 s; a (2 bytes) ready at 4 s waits for the
+    # channel: 5..7 s; backward ends at 4 s, so 3 s are exposed.
+    grads = plan.gradients([Layer("a", 2, 1.0), Layer("b", 3, 1.0)], backward_s=4.0)
+    transfers = plan.in_order(plan.buckets(grads, bucket_bytes=3), one_second_per_byte)
+    assert [(t.start, t.end) for t in transfers] == [(2.0, 5.0), (5.0, 7.0)]
+    assert plan.step_times(2.0, 4.0, transfers) == (9.0, 3.0)
+    # A free channel hides everything but the last bucket's own time after backward.
+    fast = plan.in_order(plan.buckets(grads, bucket_bytes=3), lambda n: n / 10)
+    assert plan.step_times(2.0, 4.0, fast)[1] == pytest.approx(0.2)
+
+
+def test_ddp_cuts_a_small_first_bucket():
+    grads = [plan.Gradient(str(i), 10, float(i)) for i in range(5)]
+    assert plan.buckets(grads, bucket_bytes=30, first_bytes=10) == [(10, 0.0), (30, 3.0),
+                                                                    (10, 4.0)]
+
+
+def test_horovod_fuses_what_is_ready_at_each_cycle_up_to_the_buffer():
+    grads = [plan.Gradient("a", 4, 0.5), plan.Gradient("b", 4, 0.7), plan.Gradient("c", 4, 0.9),
+             plan.Gradient("d", 4, 2.5)]
+    transfers = plan.fused(grads, fusion_bytes=8, cycle_s=1.0, seconds=lambda n: 0.1 * n)
+    # Tick 1: a and b fit the buffer, c waits; tick 2 (the channel frees at 1.8): c alone;
+    # d is ready at 2.5 and goes at tick 3.
+    assert [(t.nbytes, t.start) for t in transfers] == [(8, 1.0), (4, 2.0), (4, 3.0)]
+    assert transfers[-1].end == pytest.approx(3.4)
+
+
+def test_one_rank_reduces_nothing_and_is_the_reference():
+    layers = [Layer("a", 1 << 20, 1.0)]
+    cluster = plan.link_cluster(4, "pcie", "25gbe")
+    rows = plan.plan(layers, 32, 100.0, cluster, 8, ["ring"], ["hpctrain"])
+    assert [r["np"] for r in rows] == [1, 2, 4, 8]
+    assert rows[0]["exposed_s"] == 0 and rows[0]["efficiency"] == 1.0
+    assert rows[0]["samples_per_s"] == pytest.approx(100.0)
+    assert all(r["efficiency"] <= 1.0 for r in rows)
+    # Between nodes (p = 8, 2 nodes) the ring's bytes go over 25 GbE: slower than inside.
+    assert rows[3]["comm_s"] > rows[2]["comm_s"]
+
+
+def test_link_presets_become_cost_parameters():
+    cluster = plan.link_cluster(8, "nvlink", "ib-edr", efficiency=0.5, adapters=2)
+    assert cluster.params.beta == pytest.approx(1 / 75e9)
+    assert cluster.params.beta_inter == pytest.approx(1 / 12.5e9)
+    assert cluster.params.alpha_inter == pytest.approx(1.5e-6)
+    assert "hierarchical" in cost.modelled()
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: plan.rank_counts(512, 3), "not a whole number of nodes of 3 ranks: give a "
+                                       "multiple of 3"),
+    (lambda: plan.rank_counts(8192, 8), "between 1 and 4096"),
+    (lambda: plan.link_cluster(4, "pcie", "30gbe"), "unknown link '30gbe'; presets: nvlink"),
+    (lambda: plan.model_layers("resnet18"), "unknown model 'resnet18': give one of resnet50"),
+    (lambda: plan.model_layers("torch.nn:Linear"), "give --input C,H,W"),
+])
+def test_bad_input_names_what_is_wrong_and_what_would_be_right(call, message):
+    with pytest.raises(UsageError, match=message.replace("(", r"\(")):
+        call()
+
+
+def _plan(tmp_path, *args):
+    return subprocess.run([sys.executable, "-m", "hpctrain", "study", "plan",
+                           "--out", str(tmp_path / "out"), *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_the_command_exits_2_on_bad_input(tmp_path):
+    missing = _plan(tmp_path, "--model", "resnet50", "--samples-per-s", "200",
+                    "--params", str(tmp_path / "params.json"))
+    assert missing.returncode == 2
+    assert "params.json" in missing.stderr and "study allreduce" in missing.stderr
+    preset = _plan(tmp_path, "--model", "resnet50", "--samples-per-s", "200", "--inter", "x")
+    assert preset.returncode == 2 and "unknown link 'x'" in preset.stderr
+
+
+def test_the_command_writes_its_report(tmp_path):
+    result = _plan(tmp_path, "--model", "inception_v3", "--samples-per-s", "142",
+                   "--ranks", "64", "--ranks-per-node", "4", "--intra", "pcie",
+                   "--inter", "25gbe")
+    assert result.returncode == 0, result.stderr
+    out = tmp_path / "out"
+    document = json.loads((out / "plan.json").read_text())
+    assert {r["np"] for r in document["rows"]} == {1, 2, 4, 8, 16, 32, 64}
+    assert len(document["layers"]) == 189
+    summary = (out / "summary.md").read_text()
+    assert "## Best choice at each scale" in summary and "| 64 | 16 |" in summary
+    assert (out / "plan.png").stat().st_size > 10000
+    assert (out / "timeline.png").stat().st_size > 5000
+
+
+def test_horovods_published_efficiencies_within_ten_points():
+    rows, _ = plan.horovod_benchmark()
+    assert len(rows) == 6
+    for row in rows:
+        assert abs(row["difference"]) <= 10, row
