@@ -61,7 +61,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._op = op
         self._predivide = float(gradient_predivide_factor)
         self._passes = int(backward_passes_per_step)
-        self._overlap = overlap
         self._should_synchronize = True
         self._synchronized = False
         self.comm_seconds = 0.0
