@@ -22,7 +22,7 @@ and runs/ (each run's metrics.csv and log). Run it as one process, not under mpi
 
 
 def add_parser(subparsers):
-    """Register ``study allreduce``, ``study train`` and ``study predict``."""
+    """Register ``study allreduce``, ``train``, ``plan``, ``fattree`` and ``predict``."""
     parser = subparsers.add_parser(
         "study", help="scaling studies: sweep, fit the α-β-γ model, plot, predict at scale",
         description="Run as ONE process (not under mpirun): the study launches the benchmarks "
@@ -142,6 +142,46 @@ def add_parser(subparsers):
                          help="folder for summary.md, plan.json, plan.png, timeline.png")
     planner.set_defaults(func=_run_plan)
 
+    fattree = kinds.add_parser(
+        "fattree", help="the allreduce's closed form against a SimGrid simulation of a fat "
+                        "tree with oversubscribed uplinks",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Simulate the ring (and butterfly) allreduce with SimGrid's flow model "
+                    "over a two-level fat tree, ranks placed in order, scattered over the "
+                    "leaves or at random, and compare with the cost model's closed form for "
+                    "the same link. Needs SimGrid (apt-get install python3-simgrid). See "
+                    "docs/studies.md.",
+        epilog="examples:\n"
+               "  python -m hpctrain study fattree --ranks 16,64,256 --sizes 1M,100M \\\n"
+               "      --oversubscription 1,4 --out runs/fattree\n"
+               "  python -m hpctrain study fattree --ranks 64 --algos ring,butterfly "
+               "--placements order")
+    fattree.add_argument("--ranks", default="16,64,256",
+                         help="rank counts, one rank per host (default: 16,64,256)")
+    fattree.add_argument("--sizes", default="1M,100M",
+                         help="allreduce sizes, e.g. 1M,100M (default: 1M,100M)")
+    fattree.add_argument("--oversubscription", default="1,4",
+                         help="leaf uplink oversubscription factors, 1 non-blocking "
+                              "(default: 1,4)")
+    fattree.add_argument("--placements", default="order,scatter,random",
+                         help="rank placements: order, scatter (round-robin over the leaves), "
+                              "random (default: all three)")
+    fattree.add_argument("--algos", default="ring", help="ring, butterfly (default: ring)")
+    fattree.add_argument("--hosts-per-leaf", type=int, default=8,
+                         help="hosts under each leaf switch (default: 8)")
+    fattree.add_argument("--link", default="ib-edr",
+                         help="host link preset of study plan: 10gbe, 25gbe, 100gbe, ib-edr, "
+                              "ib-hdr, ... (default: ib-edr)")
+    fattree.add_argument("--reduce-rate", type=float, default=100.0,
+                         help="GB/s one host sums at (default: 100)")
+    fattree.add_argument("--seed", type=int, default=0,
+                         help="seed of the random placement (default: 0)")
+    fattree.add_argument("--timeout", type=int, default=600,
+                         help="seconds one simulation may take (default: 600)")
+    fattree.add_argument("--out", default=os.path.join("runs", "fattree"),
+                         help="folder for summary.md and fattree.json")
+    fattree.set_defaults(func=_run_fattree)
+
     predict = kinds.add_parser(
         "predict", help="predicted time and busbw per algorithm for p <= 4096, n <= 1 GiB",
         description="From a study's fitted parameters (--params) or from a link's figures "
@@ -185,6 +225,12 @@ def _run_plan(args):
     from . import plan
 
     return plan.run(args)
+
+
+def _run_fattree(args):
+    from . import fattree
+
+    return fattree.run(args)
 
 
 def _run_train(args):
