@@ -32,7 +32,7 @@ def no_cuda(tmp_path):
     for tool in ("bash", "python3", "tar", "sed", "grep", "mktemp", "rm", "dirname", "cat",
                  "nproc", "ldconfig", "awk", "sort", "paste", "tr", "readlink", "mkdir", "ln",
                  "sha256sum", "cut", "head", "id", "dpkg-query", "ompi_info", "mpirun", "bzip2",
-                 "xz", "gzip"):
+                 "xz", "gzip", "ls", "basename"):
         found = shutil.which(tool)
         if found and "nvcc" not in found:
             (bin_dir / tool).symlink_to(found)
@@ -102,6 +102,63 @@ def test_the_gpu_patches_apply_to_the_horovod_sources(bundle, tmp_path):
         top = (src / "horovod/common" / header).read_text().splitlines()[:8]
         assert {"#include <string>", "#include <stdexcept>", "#include <cstdint>"} <= set(top)
     assert not (tmp_path / "wheels").exists()
+
+
+def torch_cu13_venv(root):
+    """A stand-in environment as PyPI's CUDA 13 torch leaves it: torch 2.14 (CUDA 13.0, whose
+    ATen.h asks for C++20), the toolkit wheels' nvidia/cu13 (bin/nvcc, lib/ with only the
+    versioned libcudart) and the nvidia-nccl wheel. Its bin/python is this interpreter with the
+    stand-ins first on its path."""
+    site = root / "site"
+    (site / "torch" / "include" / "ATen").mkdir(parents=True)
+    (site / "torch" / "__init__.py").write_text(
+        "__version__ = '2.14.1+cu130'\n\nclass version:\n    cuda = '13.0'\n")
+    (site / "torch" / "include" / "ATen" / "ATen.h").write_text(
+        "#if !defined(_MSC_VER) && __cplusplus < 202002L\n"
+        "#error C++20 or later compatible compiler is required to use ATen.\n#endif\n")
+    cu13 = site / "nvidia" / "cu13"
+    for sub in ("bin", "lib", "include", "nvvm/bin"):
+        (cu13 / sub).mkdir(parents=True)
+    (cu13 / "bin" / "nvcc").write_text("#!/bin/sh\n")
+    (cu13 / "bin" / "nvcc").chmod(0o755)
+    (cu13 / "lib" / "libcudart.so.13").write_text("")
+    (cu13 / "include" / "cuda_runtime.h").write_text("")
+    for sub in ("include", "lib"):
+        (site / "nvidia" / "nccl" / sub).mkdir(parents=True)
+    (site / "nvidia" / "nccl" / "include" / "nccl.h").write_text("")
+    (site / "nvidia" / "nccl" / "lib" / "libnccl.so.2").write_text("")
+    venv = root / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text(
+        f"#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} \"$@\"\n")
+    (venv / "bin" / "python").chmod(0o755)
+    return venv, site
+
+
+def test_a_gpu_build_takes_nvcc_and_nccl_from_the_wheels_of_torchs_cuda(no_cuda, tmp_path):
+    # The wheels in the environment come before any nvcc of the machine's (/usr/local/cuda
+    # included): they are torch's own CUDA release. Stopped before any download.
+    venv, site = torch_cu13_venv(tmp_path)
+    env = {**no_cuda, "HOROVOD_BUILD_CUDA_CC_LIST": "80,90"}
+    code, out = run([SCRIPTS / "build-horovod", "--gpu", "nccl", "--sdist", tmp_path / "none",
+                     venv, "0.28.1", tmp_path / "wheels"], env=env)
+    assert code == 1 and f"no Horovod sdist at {tmp_path / 'none'}" in out, out
+    cuda = [line for line in out.splitlines() if line.strip().startswith("CUDA:")]
+    assert len(cuda) == 1 and cuda[0].split()[1].endswith("/cuda,"), out
+    assert "/usr/local/cuda" not in cuda[0] and "compute capabilities 80,90" in cuda[0]
+    assert f"NCCL: {site / 'nvidia' / 'nccl' / 'include'}" in out, out
+    assert not (tmp_path / "wheels").exists()
+
+
+@pytest.mark.timeout(1500)   # the first run makes the bundle (a few minutes)
+def test_horovod_is_built_with_the_cxx_standard_torchs_headers_ask_for(bundle, tmp_path):
+    venv, _ = torch_cu13_venv(tmp_path)
+    code, out = run([SCRIPTS / "build-horovod", "--sdist", bundle / "horovod-0.28.1.tar.gz",
+                     "--sources", tmp_path / "src", venv, "0.28.1", tmp_path / "wheels"])
+    assert code == 0, out
+    for cmake in ("CMakeLists.txt", "horovod/torch/CMakeLists.txt"):
+        text = (tmp_path / "src" / "horovod-0.28.1" / cmake).read_text()
+        assert "set(CMAKE_CXX_STANDARD 20)" in text and "set(CMAKE_CXX_STANDARD 14)" not in text
 
 
 # ----- setup --gpu on a machine without a GPU -----------------------------------------------
