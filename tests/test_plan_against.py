@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 
+from hpctrain.collectives import cost
 from hpctrain.data import write_arrays
 from hpctrain.errors import UsageError
 from hpctrain.study import plan, plan_against
@@ -72,7 +73,7 @@ def rows_of(tmp_path, measured, scaling="weak", params=PARAMS, ranks_per_node=1)
     document = json.loads((write_train(tmp_path, measured, scaling) / "train.json").read_text())
     config = plan_against.train_config(document["settings"])
     layers = plan_against.train_layers(config)
-    cluster = plan.Cluster(ranks_per_node, plan.cost.params_of(params), "test")
+    cluster = plan.Cluster(ranks_per_node, cost.params_of(params), "test")
     return plan_against.compare(document, layers, cluster, config.bucket_mb, config.overlap)
 
 
@@ -115,7 +116,7 @@ def test_a_reduction_during_backward_is_hidden(tmp_path):
     document = json.loads((folder / "train.json").read_text())
     config = plan_against.train_config(document["settings"])
     layers = plan_against.train_layers(config)
-    cluster = plan.Cluster(1, plan.cost.params_of(PARAMS), "test")
+    cluster = plan.Cluster(1, cost.params_of(PARAMS), "test")
     grads = plan.gradients(layers, 2 * 0.008 / 3)
     buckets = plan.buckets(grads, 100)
     assert [b[0] for b in buckets] == [40, 80, 80]
