@@ -98,12 +98,16 @@ def add_parser(subparsers):
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Predict a data-parallel training step at every rank count up to "
                     "--ranks, from a model's layers (built on the meta device: shapes only), "
-                    "one device's samples/s and a cluster's links. See docs/studies.md.",
+                    "one device's samples/s and a cluster's links; or, with --against, "
+                    "every point of a measured `study train`. See docs/studies.md.",
         epilog="examples:\n"
                "  python -m hpctrain study plan --model resnet50 --samples-per-s 400 \\\n"
                "      --batch 64 --ranks 512 --ranks-per-node 8 --intra nvlink --inter ib-edr\n"
-               "  python -m hpctrain study plan --horovod-benchmark    # against published runs")
-    planner.add_argument("--model", help="resnet50, resnet101, vgg16, inception_v3, or "
+               "  python -m hpctrain study plan --horovod-benchmark    # against published runs\n"
+               "  python -m hpctrain study plan --against runs/train-weak,runs/train-strong \\\n"
+               "      --params runs/study-vcluster/params.json        # against measured training")
+    planner.add_argument("--model", help="resnet50, resnet101, vgg16, inception_v3, "
+                                         "hpctrain's mlp, cnn, wide (with --input), or "
                                          "package.module:factory (with --input)")
     planner.add_argument("--input", metavar="C,H,W", help="one sample's shape, for a factory")
     planner.add_argument("--batch", type=int, default=64, help="batch per rank (default: 64)")
@@ -111,8 +115,9 @@ def add_parser(subparsers):
                          help="one device's training samples/s at --batch")
     planner.add_argument("--ranks", type=int, default=512,
                          help="the largest rank count (default: 512, at most 4096)")
-    planner.add_argument("--ranks-per-node", type=int, default=8,
-                         help="ranks (GPUs) per node (default: 8)")
+    planner.add_argument("--ranks-per-node", type=int, default=None,
+                         help="ranks (GPUs) per node (default: 8; with --against, the "
+                              "fit's --ranks-per-node)")
     planner.add_argument("--intra", default="nvlink",
                          help="link inside a node: nvlink, pcie, ... (default: nvlink)")
     planner.add_argument("--inter", default="ib-edr",
@@ -136,10 +141,15 @@ def add_parser(subparsers):
                          help="Horovod's fusion buffer (default: 64, its size in 2017)")
     planner.add_argument("--cycle-ms", type=float, default=1.0,
                          help="Horovod's cycle time (default: 1)")
+    planner.add_argument("--against", action="append", default=[], metavar="TRAIN_DIR",
+                         help="predict every point a `study train` measured (its --out "
+                              "folder; repeatable or comma-separated) from its p = 1 point, "
+                              "its model and --params, and give the error (docs/studies.md)")
     planner.add_argument("--horovod-benchmark", action="store_true",
                          help="Horovod's published runs against the plan (docs/studies.md)")
     planner.add_argument("--out", default=os.path.join("runs", "plan"),
-                         help="folder for summary.md, plan.json, plan.png, timeline.png")
+                         help="folder for summary.md, plan.json, plan.png, timeline.png "
+                              "(with --against: against.md, against.json)")
     planner.set_defaults(func=_run_plan)
 
     fattree = kinds.add_parser(

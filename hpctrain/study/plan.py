@@ -31,6 +31,7 @@ import math
 import os
 from dataclasses import asdict, dataclass
 
+from .. import models
 from ..collectives import cost
 from ..errors import UsageError
 from . import architectures
@@ -229,23 +230,32 @@ def label(row):
 
 # ----- the model -------------------------------------------------------------------------------
 
-def model_layers(spec, sample_shape=None):
-    """``(layers, input shape)`` for an architecture name or ``package.module:factory``."""
+def model_layers(spec, sample_shape=None, classes=10, hidden=128, model_mb=16.0):
+    """``(layers, input shape)`` for an architecture name, one of hpctrain's training models
+    (``mlp``, ``cnn``, ``wide``: with ``sample_shape``, ``classes`` and their ``hidden`` or
+    ``model_mb``) or ``package.module:factory``."""
     if spec in architectures.FACTORIES:
         side = architectures.INPUT[spec]
         shape = (3, side, side)
         return architectures.layers(architectures.build(spec), shape), shape
-    if ":" not in spec:
+    if spec not in models.MODELS and ":" not in spec:
         raise UsageError(f"unknown model {spec!r}: give one of "
-                         f"{', '.join(architectures.FACTORIES)} or package.module:factory")
+                         f"{', '.join((*architectures.FACTORIES, *models.MODELS))} or "
+                         f"package.module:factory")
     if not sample_shape:
         raise UsageError(f"--model {spec}: give --input C,H,W (one sample's shape)")
+    import torch
+
+    if spec in models.MODELS:
+        with torch.device("meta"):
+            model = models.build_model(spec, sample_shape, classes, hidden=hidden,
+                                       model_mb=model_mb)
+        return architectures.layers(model, sample_shape), tuple(sample_shape)
     module, _, name = spec.partition(":")
     try:
         factory = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as exc:
         raise UsageError(f"--model {spec}: cannot load it ({exc})") from None
-    import torch
 
     with torch.device("meta"):
         model = factory()
@@ -311,13 +321,20 @@ def run(args):
     """``study plan``: the tables on stdout, and summary.md, plan.json and plots in --out."""
     if args.horovod_benchmark:
         return _run_horovod_benchmark(args)
+    if args.against:
+        from . import plan_against
+
+        return plan_against.run(args)
     if not args.model:
-        raise UsageError("give --model (e.g. resnet50) or --horovod-benchmark")
+        raise UsageError("give --model (e.g. resnet50), --horovod-benchmark or --against "
+                         "TRAIN_DIR")
+    if args.ranks_per_node is None:
+        args.ranks_per_node = 8
     if args.samples_per_s is None or args.samples_per_s <= 0:
         raise UsageError("give --samples-per-s: one device's training samples/s at --batch")
     shape = _shape(args.input) if args.input else None
     layers, shape = model_layers(args.model, shape)
-    cluster = _cluster(args)
+    cluster = cluster_of(args)
     algos = _names(args.algos, cost.modelled(), "--algos")
     policies = _names(args.policies, POLICIES, "--policies")
     rows = plan(layers, args.batch, args.samples_per_s, cluster, args.ranks, algos, policies,
@@ -356,15 +373,24 @@ def _run_horovod_benchmark(args):
     return 0
 
 
-def _cluster(args):
+def read_profile(path):
+    """The content of a ``params.json`` of ``study allreduce``; ``UsageError`` if missing."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except OSError as exc:
+        raise UsageError(f"--params {path}: {exc.strerror}; give the params.json that "
+                         f"`study allreduce` wrote") from None
+    except ValueError as exc:
+        raise UsageError(f"--params {path}: not a study's params.json ({exc!r})") from None
+
+
+def cluster_of(args):
+    """The ``Cluster`` of the options: ``--params`` fitted by a study, else link presets."""
     if args.params:
         try:
-            with open(args.params) as f:
-                params = cost.params_of(json.load(f))
-        except OSError as exc:
-            raise UsageError(f"--params {args.params}: {exc.strerror}; give the params.json "
-                             f"that `study allreduce` wrote") from None
-        except (ValueError, KeyError, TypeError) as exc:
+            params = cost.params_of(read_profile(args.params))
+        except (KeyError, TypeError, AttributeError) as exc:
             raise UsageError(f"--params {args.params}: not a study's params.json ({exc!r})") \
                 from None
         return Cluster(args.ranks_per_node, params,
