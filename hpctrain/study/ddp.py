@@ -33,6 +33,7 @@ consistency settings) are accepted and ignored; ``--regime`` other than ``allred
 
 import datetime
 import math
+import os
 import sys
 import time
 
@@ -175,5 +176,23 @@ def _check_supported(config):
         raise UsageError("the DDP baseline writes no checkpoints and cannot --resume")
 
 
+def _exit(code):
+    """End the process without Python's finalization, MPI finalized and output flushed.
+
+    gloo's worker threads (``pt_gloo_runloop``) outlive ``destroy_process_group`` and DDP
+    itself; one that finishes a work item while the interpreter is finalizing calls into
+    Python, is ended by it inside a C++ frame that cannot unwind, and the rank aborts
+    (SIGABRT from ``ProcessGroupGloo::runLoop``, seen at np 2 after a complete run).
+    Nothing is left to run at this point: the metrics file is closed after every row.
+    """
+    from mpi4py import MPI
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if MPI.Is_initialized() and not MPI.Is_finalized():
+        MPI.Finalize()
+    os._exit(code or 0)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit(main())
