@@ -113,6 +113,13 @@ def add_parser(subparsers):
     planner.add_argument("--batch", type=int, default=64, help="batch per rank (default: 64)")
     planner.add_argument("--samples-per-s", type=float,
                          help="one device's training samples/s at --batch")
+    planner.add_argument("--measure-compute", action="store_true",
+                         help="instead of --samples-per-s: time forward and backward of the "
+                              "model at --batch here, and each layer's gradient as backward "
+                              "hands it over")
+    planner.add_argument("--measure-steps", type=int, default=3,
+                         help="timed steps for --measure-compute, after one warm-up "
+                              "(default: 3)")
     planner.add_argument("--ranks", type=int, default=512,
                          help="the largest rank count (default: 512, at most 4096)")
     planner.add_argument("--ranks-per-node", type=int, default=None,

@@ -194,12 +194,27 @@ def plan_point(grads, forward_s, backward_s, p, cluster, algo, policy, bucket_mb
             "timeline": [asdict(t) for t in transfers]}
 
 
+def measured_gradients(layers, compute):
+    """The layers' gradients in the order a measured backward (:mod:`.compute`) had them
+    ready, each at its measured time; a layer that got no gradient, at backward's end."""
+    grads = [Gradient(layer.name, layer.nbytes, compute.ready.get(layer.name, compute.backward_s))
+             for layer in layers]
+    return sorted(grads, key=lambda grad: grad.ready)
+
+
 def plan(layers, batch, samples_per_s, cluster, largest, algos, policies, bucket_mbs=(25.0,),
-         fusion_mb=64.0, cycle_ms=1.0):
-    """Every point of the plan, with samples/s and efficiency (against one rank)."""
-    step = batch / samples_per_s
-    forward_s, backward_s = step / 3, 2 * step / 3
-    grads = gradients(layers, backward_s)
+         fusion_mb=64.0, cycle_ms=1.0, compute=None):
+    """Every point of the plan, with samples/s and efficiency (against one rank). The step's
+    compute: ``compute`` measured here (:mod:`.compute`), else one device's ``samples_per_s``
+    at ``batch``, a third forward, two thirds backward, spread by multiply-adds."""
+    if compute is not None:
+        forward_s, backward_s = compute.forward_s, compute.backward_s
+        grads = measured_gradients(layers, compute)
+    else:
+        step = batch / samples_per_s
+        forward_s, backward_s = step / 3, 2 * step / 3
+        grads = gradients(layers, backward_s)
+    step = forward_s + backward_s
     rows = []
     for p in rank_counts(largest, cluster.ranks_per_node):
         for algo in algos:
@@ -230,36 +245,40 @@ def label(row):
 
 # ----- the model -------------------------------------------------------------------------------
 
-def model_layers(spec, sample_shape=None, classes=10, hidden=128, model_mb=16.0):
-    """``(layers, input shape)`` for an architecture name, one of hpctrain's training models
-    (``mlp``, ``cnn``, ``wide``: with ``sample_shape``, ``classes`` and their ``hidden`` or
-    ``model_mb``) or ``package.module:factory``."""
+def model_builder(spec, sample_shape=None, classes=10, hidden=128, model_mb=16.0):
+    """``(build, input shape)``: ``build()`` makes the model on torch's current default
+    device, for an architecture name, one of hpctrain's training models (``mlp``, ``cnn``,
+    ``wide``: with ``sample_shape``, ``classes`` and their ``hidden`` or ``model_mb``) or
+    ``package.module:factory``."""
     if spec in architectures.FACTORIES:
         side = architectures.INPUT[spec]
-        shape = (3, side, side)
-        return architectures.layers(architectures.build(spec), shape), shape
+        return architectures.FACTORIES[spec], (3, side, side)
     if spec not in models.MODELS and ":" not in spec:
         raise UsageError(f"unknown model {spec!r}: give one of "
                          f"{', '.join((*architectures.FACTORIES, *models.MODELS))} or "
                          f"package.module:factory")
     if not sample_shape:
         raise UsageError(f"--model {spec}: give --input C,H,W (one sample's shape)")
-    import torch
-
+    shape = tuple(sample_shape)
     if spec in models.MODELS:
-        with torch.device("meta"):
-            model = models.build_model(spec, sample_shape, classes, hidden=hidden,
-                                       model_mb=model_mb)
-        return architectures.layers(model, sample_shape), tuple(sample_shape)
+        return (lambda: models.build_model(spec, shape, classes, hidden=hidden,
+                                           model_mb=model_mb)), shape
     module, _, name = spec.partition(":")
     try:
         factory = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as exc:
         raise UsageError(f"--model {spec}: cannot load it ({exc})") from None
+    return factory, shape
 
+
+def model_layers(spec, sample_shape=None, **options):
+    """``(layers, input shape)`` of :func:`model_builder`'s model, built on the meta device."""
+    import torch
+
+    build, shape = model_builder(spec, sample_shape, **options)
     with torch.device("meta"):
-        model = factory()
-    return architectures.layers(model, sample_shape), tuple(sample_shape)
+        model = build()
+    return architectures.layers(model, shape), shape
 
 
 # ----- Horovod's published benchmark -------------------------------------------------------------
@@ -330,23 +349,37 @@ def run(args):
                          "TRAIN_DIR")
     if args.ranks_per_node is None:
         args.ranks_per_node = 8
-    if args.samples_per_s is None or args.samples_per_s <= 0:
-        raise UsageError("give --samples-per-s: one device's training samples/s at --batch")
+    measuring = getattr(args, "measure_compute", False)
+    if measuring and args.samples_per_s is not None:
+        raise UsageError("give either --samples-per-s (one device's rate) or --measure-compute "
+                         "(time the model here), not both")
+    if not measuring and (args.samples_per_s is None or args.samples_per_s <= 0):
+        raise UsageError("give --samples-per-s (one device's training samples/s at --batch) "
+                         "or --measure-compute")
     shape = _shape(args.input) if args.input else None
     layers, shape = model_layers(args.model, shape)
     cluster = cluster_of(args)
     algos = _names(args.algos, cost.modelled(), "--algos")
     policies = _names(args.policies, POLICIES, "--policies")
+    measured = None
+    if measuring:
+        from . import compute
+
+        build, _ = model_builder(args.model, shape)
+        measured = compute.measure(build(), shape, args.batch, args.measure_steps)
+        args.samples_per_s = args.batch / (measured.forward_s + measured.backward_s)
     rows = plan(layers, args.batch, args.samples_per_s, cluster, args.ranks, algos, policies,
-                [float(x) for x in args.bucket_mb.split(",")], args.fusion_mb, args.cycle_ms)
+                [float(x) for x in args.bucket_mb.split(",")], args.fusion_mb, args.cycle_ms,
+                measured)
     os.makedirs(args.out, exist_ok=True)
-    text = summary(rows, args, cluster, layers)
+    text = summary(rows, args, cluster, layers, measured)
     with open(os.path.join(args.out, "summary.md"), "w") as f:
         f.write(text)
     with open(os.path.join(args.out, "plan.json"), "w") as f:
         json.dump({"model": args.model, "input": shape, "batch": args.batch,
                    "samples_per_s": args.samples_per_s, "cluster": cluster.description,
                    "params": cluster.params.as_dict(),
+                   "compute": asdict(measured) if measured else None,
                    "layers": [asdict(layer) for layer in layers], "rows": rows}, f, indent=1)
     _plots(rows, args.out)
     print(text)
@@ -418,16 +451,23 @@ def _shape(text):
     return shape
 
 
-def summary(rows, args, cluster, layers):
+def summary(rows, args, cluster, layers, measured=None):
     """The plan's markdown: inputs, the best choice per rank count, then every point."""
     nbytes = sum(layer.nbytes for layer in layers)
+    if measured:
+        compute = (f"- batch {args.batch} per rank; compute measured here (median of "
+                   f"{measured.steps} steps): forward {1000 * measured.forward_s:.1f} ms, "
+                   f"backward {1000 * measured.backward_s:.1f} ms ({args.samples_per_s:.1f} "
+                   f"samples/s), each gradient ready when this backward had it")
+    else:
+        compute = (f"- batch {args.batch} per rank; one device {args.samples_per_s:g} samples/s, "
+                   f"so a step computes {1000 * args.batch / args.samples_per_s:.1f} ms (1/3 "
+                   f"forward, 2/3 backward)")
     lines = ["# Training plan", "",
              f"- model {args.model}: {len(layers)} layers with parameters, "
              f"{nbytes / 1e6:.1f} MB of float32 gradients, "
              f"{sum(layer.macs for layer in layers) / 1e9:.2f} G multiply-adds per sample",
-             f"- batch {args.batch} per rank; one device {args.samples_per_s:g} samples/s, so a "
-             f"step computes {1000 * args.batch / args.samples_per_s:.1f} ms (1/3 forward, "
-             f"2/3 backward)",
+             compute,
              f"- cluster: {cluster.description}", "",
              "## Best choice at each scale", "",
              "| p | nodes | choice | samples/s | efficiency | step ms | exposed ms | why |",
