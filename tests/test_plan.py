@@ -140,6 +140,15 @@ def test_the_command_writes_its_report(tmp_path):
     assert "## Best choice at each scale" in summary and "| 64 | 16 |" in summary
     assert (out / "plan.png").stat().st_size > 10000
     assert (out / "timeline.png").stat().st_size > 5000
+    import h5py
+
+    with h5py.File(out / "plan.h5") as f:     # the same figures as plan.json
+        table, timeline = f["plan"][:], f["timeline"][:]
+        assert len(table) == len(document["rows"]) and len(f["layers"]) == 189
+        assert f["plan"].attrs["model"] == "inception_v3"
+    for i, row in enumerate(document["rows"]):
+        assert table["step_s"][i] == row["step_s"] and table["algo"][i].decode() == row["algo"]
+        assert (timeline["row"] == i).sum() == len(row["timeline"])
 
 
 def test_horovods_published_efficiencies_within_ten_points():

@@ -381,9 +381,34 @@ def run(args):
                    "params": cluster.params.as_dict(),
                    "compute": asdict(measured) if measured else None,
                    "layers": [asdict(layer) for layer in layers], "rows": rows}, f, indent=1)
+    write_hdf5(os.path.join(args.out, "plan.h5"), rows, layers, {
+        "model": args.model, "batch": args.batch, "samples_per_s": args.samples_per_s,
+        "cluster": cluster.description, "params": cluster.params.as_dict(),
+        "compute": asdict(measured) if measured else None})
     _plots(rows, args.out)
     print(text)
     return 0
+
+
+def write_hdf5(path, rows, layers, attrs):
+    """``plan.h5``: the table ``plan`` (a row per point; ``bucket_mb`` NaN for the policies
+    without our buckets) with ``attrs``, ``timeline`` (every point's transfers, keyed by the
+    point's row) and ``layers`` (name, bytes, multiply-adds per sample)."""
+    import h5py
+
+    from ..bench import report
+
+    def number(value):
+        return math.nan if value is None else value
+
+    table = [{key: number(value) for key, value in row.items() if key != "timeline"}
+             for row in rows]
+    timeline = [{"row": i, "transfer": j, **transfer} for i, row in enumerate(rows)
+                for j, transfer in enumerate(row["timeline"])]
+    report.write_hdf5(path, "plan", table, {k: v for k, v in attrs.items() if v is not None})
+    with h5py.File(path, "a") as f:
+        f.create_dataset("timeline", data=report._structured(timeline))
+        f.create_dataset("layers", data=report._structured([asdict(layer) for layer in layers]))
 
 
 def _run_horovod_benchmark(args):
