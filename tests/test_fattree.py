@@ -171,4 +171,4 @@ def test_the_command_writes_its_table(tmp_path):
         (1, "order"), (1, "scatter"), (2, "order"), (2, "scatter")]
     assert rows[3]["ratio"] > 1.5 > rows[2]["ratio"]
     summary = (tmp_path / "out" / "summary.md").read_text()
-    assert "| 8 | 1M | 2:1 | ring | scatter |" in summary
+    assert "| 8 | 1 MiB | 2:1 | ring | scatter |" in summary

@@ -46,8 +46,10 @@ def write_json(path, document):
     _atomic(path, lambda tmp: _dump_json(tmp, document))
 
 
-def write_hdf5(path, name, rows, attrs):
-    """Write ``rows`` (a list of flat dicts, all with the same keys) as a table dataset."""
+def write_hdf5(path, name, rows, attrs, tables=None):
+    """Write ``rows`` (a list of flat dicts, all with the same keys) as the table dataset
+    ``name`` with ``attrs``, and each of ``tables`` (name -> rows) beside it, in one file
+    written whole or not at all."""
     import h5py
 
     def write(tmp):
@@ -55,6 +57,8 @@ def write_hdf5(path, name, rows, attrs):
             table = f.create_dataset(name, data=_structured(rows))
             for key, value in attrs.items():
                 table.attrs[key] = json.dumps(value) if isinstance(value, (dict, list)) else value
+            for other, other_rows in (tables or {}).items():
+                f.create_dataset(other, data=_structured(other_rows))
 
     _atomic(path, write)
 

@@ -137,8 +137,9 @@ def write_outputs(out, p2p, rows, repeat, prior, fitted, fit_ranks, all_three, s
     env = report.environment()
     report.write_hdf5(os.path.join(out, "study.h5"), "allreduce", rows,
                       {"fitted": fitted.as_dict(), "p2p_prior": prior.as_dict(),
-                       "fit_ranks": fit_ranks, "cores": cores, "environment": env})
-    _add_tables(os.path.join(out, "study.h5"), p2p["rows"], scale, repeat)
+                       "fit_ranks": fit_ranks, "cores": cores, "environment": env},
+                      {"p2p": p2p["rows"], "prediction": scale,
+                       **({"allreduce_repeat": repeat} if repeat else {})})
     report.write_json(os.path.join(out, "params.json"),
                       {"fitted": fitted.as_dict(), "p2p_prior": prior.as_dict(),
                        "fit_ranks": fit_ranks, "gamma_fitted": all_three,
@@ -157,16 +158,6 @@ def write_outputs(out, p2p, rows, repeat, prior, fitted, fit_ranks, all_three, s
                      "time_us")
     with open(os.path.join(out, "summary.md"), "w") as f:
         f.write(summary(rows, repeat, prior, fitted, fit_ranks, all_three, scale, cores, env))
-
-
-def _add_tables(path, p2p_rows, scale, repeat):
-    import h5py
-
-    with h5py.File(path, "a") as f:
-        f.create_dataset("p2p", data=report._structured(p2p_rows))
-        f.create_dataset("prediction", data=report._structured(scale))
-        if repeat:
-            f.create_dataset("allreduce_repeat", data=report._structured(repeat))
 
 
 def summary(rows, repeat, prior, fitted, fit_ranks, all_three, scale, cores, env):

@@ -192,8 +192,8 @@ def estimate(tree, hosts, algo, nbytes):
     """The closed form with contention counted by hand: all ranks take step i together; each
     flow gets the fair share of its most shared link (capacity / flows on it, each way), the
     step lasts the latency, the slowest flow and the largest reduction."""
-    capacity = links(tree)
-    plans = [steps(algo, r, tree.ranks, nbytes, switch_bytes()) for r in range(tree.ranks)]
+    capacity, switch = links(tree), switch_bytes()
+    plans = [steps(algo, r, tree.ranks, nbytes, switch) for r in range(tree.ranks)]
     total = 0.0
     for i in range(len(plans[0])):
         flows = [(route(tree, hosts[r], hosts[plan[i].send_to]), plan[i].nbytes)
@@ -216,12 +216,12 @@ def simgrid_spec():
     """Where ``simgrid`` can be imported from, or ``None``.
 
     From the interpreter's own path first. Else Debian's ``python3-simgrid``, made for
-    Debian's /usr/bin/python3 (3.11.2), taken from its folder only where this interpreter
-    accepts the file's ABI tag (``find_spec`` matches it against this interpreter's extension
-    suffixes, ``.cpython-311-x86_64-linux-gnu.so`` for any CPython 3.11): the module links
-    against libsimgrid, not libpython, and CPython keeps its ABI within a minor version.
-    Checked under pyenv's 3.11.7: the same simulated times as under /usr/bin/python3, to the
-    last digit, in the same wall time. Only the one module is loaded from that folder, not
+    Debian's own Python 3.11, taken from its folder only where this interpreter accepts the
+    file's ABI tag (``find_spec`` matches it against this interpreter's extension suffixes,
+    ``.cpython-311-x86_64-linux-gnu.so`` for any CPython 3.11): the module links against
+    libsimgrid, not libpython, and CPython keeps its ABI within a minor version. Checked
+    from another CPython 3.11 build: the same simulated times as under Debian's, to the last
+    digit, in the same wall time. Only the one module is loaded from that folder, not
     the folder put on ``sys.path`` (its other packages would shadow nothing, but are not ours).
     """
     spec = importlib.util.find_spec("simgrid")
@@ -322,8 +322,9 @@ def run(args):
     summary.md and fattree.json in --out."""
     from ..bench.sizes import parse_size
     from .plan import _names
+    from .sweep import rank_counts
 
-    ranks = _counts(args.ranks, "--ranks")
+    ranks = rank_counts(args.ranks, minimum=2, option="--ranks")
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     factors = [_factor(s) for s in args.oversubscription.split(",") if s.strip()]
     placements = _names(args.placements, PLACEMENTS, "--placements")
@@ -369,16 +370,6 @@ def _line(row):
             f"{row['wall_s']:>6.1f}")
 
 
-def _counts(text, option):
-    try:
-        counts = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        counts = []
-    if not counts:
-        raise UsageError(f"{option} {text!r}: give rank counts as a list, e.g. 16,64,256")
-    return counts
-
-
 def _factor(text):
     try:
         return float(text.removesuffix(":1"))
@@ -389,6 +380,8 @@ def _factor(text):
 
 def summary(rows, args, wall_s):
     """The comparison's markdown: the tree, then one row per point."""
+    from ..bench.sizes import format_size
+
     lines = ["# Allreduce on a fat tree: closed form against SimGrid", "",
              f"- two-level fat tree, {args.hosts_per_leaf} hosts per leaf, one rank per host; "
              f"host links {args.link}; each leaf's uplink {args.hosts_per_leaf} x the host "
@@ -403,18 +396,11 @@ def summary(rows, args, wall_s):
     lines += ["| ranks | size | oversubscription | algo | placement | closed form s | "
               "estimate s | simulated s | simulated / closed | wall s |",
               "|---:|---:|---:|---|---|---:|---:|---:|---:|---:|"]
-    lines += [f"| {r['ranks']} | {_size(r['nbytes'])} | {r['oversubscription']:g}:1 | "
+    lines += [f"| {r['ranks']} | {format_size(r['nbytes'])} | {r['oversubscription']:g}:1 | "
               f"{r['algo']} | {r['placement']} | {r['closed_form_s']:.4g} | "
               f"{r['estimate_s']:.4g} | {r['simulated_s']:.4g} | {r['ratio']:.3f} | "
               f"{r['wall_s']:.1f} |" for r in rows]
     return "\n".join(lines) + "\n"
-
-
-def _size(nbytes):
-    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if nbytes >= scale and nbytes % scale == 0:
-            return f"{nbytes // scale}{unit}"
-    return str(nbytes)
 
 
 if __name__ == "__main__":

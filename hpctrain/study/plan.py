@@ -349,7 +349,7 @@ def run(args):
                          "TRAIN_DIR")
     if args.ranks_per_node is None:
         args.ranks_per_node = 8
-    measuring = getattr(args, "measure_compute", False)
+    measuring = args.measure_compute
     if measuring and args.samples_per_s is not None:
         raise UsageError("give either --samples-per-s (one device's rate) or --measure-compute "
                          "(time the model here), not both")
@@ -394,8 +394,6 @@ def write_hdf5(path, rows, layers, attrs):
     """``plan.h5``: the table ``plan`` (a row per point; ``bucket_mb`` NaN for the policies
     without our buckets) with ``attrs``, ``timeline`` (every point's transfers, keyed by the
     point's row) and ``layers`` (name, bytes, multiply-adds per sample)."""
-    import h5py
-
     from ..bench import report
 
     def number(value):
@@ -405,10 +403,8 @@ def write_hdf5(path, rows, layers, attrs):
              for row in rows]
     timeline = [{"row": i, "transfer": j, **transfer} for i, row in enumerate(rows)
                 for j, transfer in enumerate(row["timeline"])]
-    report.write_hdf5(path, "plan", table, {k: v for k, v in attrs.items() if v is not None})
-    with h5py.File(path, "a") as f:
-        f.create_dataset("timeline", data=report._structured(timeline))
-        f.create_dataset("layers", data=report._structured([asdict(layer) for layer in layers]))
+    report.write_hdf5(path, "plan", table, {k: v for k, v in attrs.items() if v is not None},
+                      {"timeline": timeline, "layers": [asdict(layer) for layer in layers]})
 
 
 def _run_horovod_benchmark(args):

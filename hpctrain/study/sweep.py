@@ -3,17 +3,17 @@
 from ..errors import UsageError
 
 
-def rank_counts(text, minimum=1):
-    """``"4,2,2"`` → ``[2, 4]``: the distinct rank counts of ``--np``, sorted.
+def rank_counts(text, minimum=1, option="--np"):
+    """``"4,2,2"`` → ``[2, 4]``: the distinct rank counts of ``option``, sorted.
 
     ``UsageError`` for anything but comma-separated integers, or a count below ``minimum``.
     """
     try:
         counts = sorted({int(part) for part in text.split(",")})
     except ValueError:
-        raise UsageError(f"--np takes rank counts like 2,3,4, got {text!r}") from None
+        raise UsageError(f"{option} takes rank counts like 2,3,4, got {text!r}") from None
     if counts[0] < minimum:
-        raise UsageError(f"--np rank counts must be >= {minimum}, got {text!r}")
+        raise UsageError(f"{option} rank counts must be >= {minimum}, got {text!r}")
     return counts
 
 
