@@ -8,10 +8,12 @@ as soon as backward has finished its gradients. Here a bucket's operation is an 
 named after the optimizer and the bucket: the communication thread copies the gradients into
 the bucket's buffer (torch copies without the GIL, so the copy runs on another core while
 backward goes on, as Horovod's fusion-buffer copies run on its C++ thread) and reduces it.
+A bucket of one gradient (every parameter larger than the bucket size) is not copied: the
+gradient is reduced where it lies, as Horovod reduces a tensor it does not fuse.
 ``synchronize()`` (called by ``step()``) hands over what is left, with zeros for parameters
-that got no gradient, waits, and makes every ``param.grad`` a view of its place in the
-buffer, as DDP's ``gradient_as_bucket_view``: the reduced gradient is there with no copy
-back, and with ``zero_grad(set_to_none=False)`` backward accumulates straight into the
+that got no gradient, waits, and makes every other ``param.grad`` a view of its place in
+the buffer, as DDP's ``gradient_as_bucket_view``: the reduced gradient is there with no
+copy back, and with ``zero_grad(set_to_none=False)`` backward accumulates straight into the
 buffer, so the next copy is skipped. That trades the copy for a zeroing and an in-place
 accumulation, which measured slower on the CPU (docs/training.md): ``hpctrain train`` keeps
 ``set_to_none=True``. Over one rank (and no compression or predivision) nothing is reduced,
@@ -116,8 +118,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 # sparse_as_dense: reduced in the bucket like any gradient; otherwise by
                 # Horovod's allgather of indices and values, in synchronize().
                 grads[i] = grads[i].to_dense() if self._sparse_as_dense else None
-            bucket.buffer.pack(grads)
-            flat = bucket.buffer.flat
+            flat = _alone(bucket, grads)
+            bucket.in_place = flat is not None
+            if flat is None:
+                flat = bucket.buffer.pack(grads)
             wire, ctx = self._compression.compress(flat)
             reduce_flat(comm, algo, wire, op, prescale, postscale)
             if wire is not flat:
@@ -144,6 +148,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for bucket, event in zip(self._reducer.buckets, events):
             if event is not None:
                 torch.cuda.current_stream(event.device).wait_event(event)
+            if bucket.in_place:
+                continue    # the one gradient was reduced where it lies
             for i, (p, slot) in enumerate(zip(bucket.params, bucket.buffer.slots)):
                 if i not in bucket.sparse:
                     p.grad = slot   # the reduced gradient, in place: no copy back
@@ -207,6 +213,23 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def close(self, wait=True):
         """Remove the hooks (the optimizer then steps without reducing)."""
         self._reducer.close()
+
+
+def _alone(bucket, grads):
+    """The flat view of a bucket's one gradient, to be reduced where it lies; ``None`` when
+    the bucket holds several (or its gradient is missing, sparse, strided, or of another
+    dtype or device than the buffer): those are copied into the buffer.
+
+    Horovod reduces a tensor it does not fuse in its own memory too. A parameter larger
+    than the bucket size is alone in its bucket, so the largest gradients, most of the
+    bytes of a step, are never copied."""
+    if len(grads) != 1 or bucket.sparse:
+        return None
+    grad, flat = grads[0], bucket.buffer.flat
+    if grad is None or not grad.is_contiguous() or grad.dtype != flat.dtype \
+            or grad.device != flat.device:
+        return None
+    return grad.view(-1)
 
 
 def _name_parameters(param_groups, named_parameters):

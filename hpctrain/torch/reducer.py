@@ -31,7 +31,7 @@ class Bucket:
     """Parameters whose gradients travel together through one flat buffer."""
 
     __slots__ = ("index", "names", "params", "buffer", "pending", "handle", "event", "sparse",
-                 "request")
+                 "request", "in_place")
 
     def __init__(self, index, named, device=None):
         self.index = index
@@ -41,6 +41,7 @@ class Bucket:
         self.pending, self.handle, self.event = len(self.params), None, None
         self.sparse = ()        # places whose gradient was sparse in this step
         self.request = None     # the caller's, made once (DistributedOptimizer: its operation)
+        self.in_place = False   # this step's values were reduced in the gradient, not the buffer
 
     @property
     def flat(self):

@@ -206,18 +206,39 @@ def test_distributed_optimizer_reaches_horovods_weights(algo, comm, horovod_weig
               [f"{(a - b).abs().max().item():g}" for a, b in zip(got, want)])
 
 
-def test_gradients_live_in_the_buckets_after_a_step(algo, comm):
+def test_gradients_live_in_their_buckets_and_a_lone_one_where_autograd_put_it(algo, comm):
     ours(algo)
     if comm.size == 1:
         pytest.skip("one rank reduces nothing: its gradients stay where autograd put them")
-    _, opt = train_steps(OPTIMIZERS["sgd"], steps=2, bucket_mb=200 / 2**20)
-    inside = []
-    for bucket in opt.buckets:
-        flat = bucket.buffer.flat
-        for p in bucket.params:
-            start = (p.grad.data_ptr() - flat.data_ptr()) // flat.element_size()
-            inside.append(0 <= start < flat.numel())
-    all_ranks(comm, len(opt.buckets) > 1 and all(inside))
+    net = model(1)
+    hvd.broadcast_parameters(net.state_dict(), root_rank=0)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1),
+                                   named_parameters=net.named_parameters(),
+                                   bucket_mb=200 / 2**20)
+    # 200 bytes: [2.bias, 2.weight, 0.bias] share a bucket, 0.weight (140 bytes) is alone.
+    shared = [b for b in opt.buckets if len(b.params) > 1]
+    alone = [b.params[0] for b in opt.buckets if len(b.params) == 1]
+    results = []
+    for step in range(2):
+        opt.zero_grad()
+        gen = torch.Generator().manual_seed(10 * step + comm.rank)
+        net(torch.randn(4, 5, generator=gen)).pow(2).sum().backward()
+        made = {p: p.grad for p in alone}
+        local = [p.grad.clone() for p in net.parameters()]
+        opt.synchronize()
+        everyone = comm.allgather(local)
+        average = [sum(grads[i] for grads in everyone) / comm.size for i in range(len(local))]
+        results.append(all(torch.allclose(p.grad, a, atol=1e-6)
+                           for p, a in zip(net.parameters(), average)))
+        for bucket in shared:
+            flat = bucket.buffer.flat
+            for p in bucket.params:
+                start = (p.grad.data_ptr() - flat.data_ptr()) // flat.element_size()
+                results.append(0 <= start < flat.numel())
+        results.extend(p.grad is made[p] for p in alone)   # reduced where it lies
+        with opt.skip_synchronize():
+            opt.step()
+    all_ranks(comm, len(shared) == 1 and len(alone) == 1 and all(results), [str(results)])
 
 
 def test_backward_passes_per_step_accumulates_locally(algo, comm):
