@@ -15,6 +15,15 @@ per rank and one *negotiation* per cycle over the world's private communicator:
    fails on every rank that asked, with what each rank passed; a name already in flight
    on this rank is refused at once, before it is queued.
 
+Operations asked for every step under the same name (a ``DistributedOptimizer``'s buckets)
+are *cached*, as Horovod's response cache: once such an operation has run with the same
+signature from every rank of its set, every rank gives it the same number, and a later
+request of that name and signature is announced by one bit of a word appended to the
+``Iallgather`` of step 2 instead of by the ``Allgatherv``. A cycle in which every request is
+cached is then one small collective instead of two, with nothing pickled (docs/training.md
+measures what that saves, and where it does not). The cache is filled and read only on the
+communication thread, from what every rank gathered alike, so every rank numbers alike.
+
 Joined ranks (:func:`hpctrain.torch.join`) count as having asked for every allreduce, which
 they join with zeros; other operations fail on every rank while a rank has joined. A
 ``shutdown`` from any rank ends every rank's thread after the cycle that carries it, and
@@ -46,6 +55,8 @@ SPINS = 200
 #: negative, which means "no timeout"), and the engine waits with timeouts of a cycle or
 #: less on a machine where ranks outnumber cores. ``queue.Queue`` checks for that.
 Inbox = queue.Queue
+#: Operations the cache numbers at most (announced by a bit each: 64 per int64 word).
+CACHE_SIZE = 1024
 #: Seconds an operation may wait for other ranks before rank 0 names the missing ones
 #: (``HPCTRAIN_STALL_CHECK_S``; 0 turns the warning off), as Horovod's stall inspector.
 STALL_S = float(os.environ.get("HPCTRAIN_STALL_CHECK_S", "60"))
@@ -110,14 +121,16 @@ class Request:
     communicator, given every member's ``info`` in the set's rank order (ranks that joined
     take part through the engine's ``joined_runs``). A request whose signature is
     ``INVALID`` had bad arguments here: the others fail with this rank's reason instead of
-    waiting for it.
+    waiting for it. ``repeats``: the same name and signature will be asked for again and
+    again (gradient buckets): worth a number in the cache (see the module docstring).
     """
 
-    __slots__ = ("set_id", "name", "signature", "info", "describe", "run", "handle")
+    __slots__ = ("set_id", "name", "signature", "info", "describe", "run", "handle", "repeats")
 
-    def __init__(self, set_id, name, signature, describe, run, info=None):
+    def __init__(self, set_id, name, signature, describe, run, info=None, repeats=False):
         self.set_id, self.name, self.signature = set_id, name, signature
         self.info, self.describe, self.run = info, describe, run
+        self.repeats = repeats and info is None and signature is not INVALID
         self.handle = Handle()
 
     @property
@@ -141,11 +154,21 @@ def _label(name, signature):
 class _Entry:
     """One operation in the table: which ranks asked, with what."""
 
-    __slots__ = ("signatures", "infos", "describes", "since")
+    __slots__ = ("signatures", "infos", "describes", "since", "repeats")
 
     def __init__(self):
         self.signatures, self.infos, self.describes = {}, {}, {}
         self.since = time.monotonic()
+        self.repeats = True     # every rank that asked said it repeats, or came from the cache
+
+
+class _Cached:
+    """A numbered operation of the cache: its number, signature and every rank's description."""
+
+    __slots__ = ("number", "signature", "describes")
+
+    def __init__(self, number, signature, describes):
+        self.number, self.signature, self.describes = number, signature, describes
 
 
 class Engine:
@@ -164,6 +187,8 @@ class Engine:
         self._queue = Inbox()
         self._mine = {}                 # key -> Request of this rank, submitted, not yet run
         self._table = OrderedDict()     # key -> _Entry, the same on every rank
+        self._cache = {}                # key -> _Cached, the same on every rank
+        self._numbered = []             # the cache's keys by number
         self._joined = {}               # rank -> order of joining (the same on every rank)
         self._join_handle = None
         self._stalled = set()
@@ -221,11 +246,11 @@ class Engine:
         reason = "Horovod has been shut down"
         try:
             while not self._stop.is_set():
-                mine = self._take()
-                gathered = self._exchange(mine)
+                mine, bits = self._take()
+                gathered = self._exchange(mine, bits)
                 if gathered is None:
                     return              # stopped while waiting for the others
-                if self.timeline is not None and (mine or self._table):
+                if self.timeline is not None and (mine or bits or self._table):
                     self.timeline.mark_cycle()
                 if self._merge(gathered):
                     reason = ("Horovod has been shut down. This was caused by an exception on "
@@ -267,29 +292,41 @@ class Engine:
         except queue.Empty:
             pass
         self._started = time.monotonic()
-        mine = []
+        mine, bits = [], []
         for item in items:
             if isinstance(item, Request):
+                cached = self._cache.get(item.key) if item.repeats else None
+                if cached is not None and cached.signature == item.signature:
+                    bits.append(cached.number)
+                    continue
                 mine.append(("op", item.set_id, item.name, item.signature, item.info,
-                             item.describe))
+                             item.describe, item.repeats))
             else:
                 kind, handle = item
                 if kind == "join":
                     self._join_handle = handle
                 mine.append((kind,))
-        return mine
+        return mine, bits
 
-    def _exchange(self, mine):
-        """Every rank's requests of this cycle, in rank order (``None`` if stopped)."""
+    def _exchange(self, mine, bits):
+        """Every rank's requests of this cycle, in rank order (``None`` if stopped): each
+        rank's cached operations, announced by number (``("cached", number)``), then the
+        requests it sent whole."""
         from mpi4py import MPI
 
         payload = pickle.dumps(mine, protocol=pickle.HIGHEST_PROTOCOL) if mine else b""
-        # Per rank: the bytes of its requests, whether a thread of it waits for one, and
-        # its clock (rank 0's is the one every rank uses to time a deadlock alike).
-        both = np.zeros((self.size, 3), dtype=np.int64)
-        request = self.comm.Iallgather(
-            np.array([len(payload), self._waiters.count > 0, time.monotonic_ns() // 1000],
-                     dtype=np.int64), both)
+        # Per rank: the bytes of its requests, whether a thread of it waits for one, its
+        # clock (rank 0's is the one every rank uses to time a deadlock alike), then a bit
+        # per cached operation it asks for now. Every rank has the same cache, so the same
+        # number of words.
+        words = -(-len(self._numbered) // 64)
+        flags = np.zeros(64 * words, dtype=bool)
+        flags[bits] = True
+        send = np.empty(3 + words, dtype="<u8")
+        send[:3] = (len(payload), self._waiters.count > 0, time.monotonic_ns() // 1000)
+        send[3:] = np.packbits(flags, bitorder="little").view("<u8")
+        both = np.zeros((self.size, 3 + words), dtype="<u8")
+        request = self.comm.Iallgather(send, both)
         # A few tests first (the others are often there already), then short sleeps, so
         # that a thread waiting for a slow rank leaves the core to the computation.
         spins = SPINS
@@ -300,17 +337,20 @@ class Engine:
             if self._stop.is_set():
                 return None
             time.sleep(POLL_S)
-        counts, blocked = both[:, 0], both[:, 1]
+        counts, blocked = both[:, 0].astype(np.int64), both[:, 1]
         self._blocked = blocked.astype(bool).tolist()
         self._clock = int(both[0, 2]) / 1e6
+        asked = np.unpackbits(both[:, 3:].view(np.uint8), axis=1, bitorder="little")
+        gathered = [[("cached", int(n)) for n in np.flatnonzero(row)] for row in asked]
         if not counts.any():
-            return [[] for _ in range(self.size)]
+            return gathered
         data = np.empty(int(counts.sum()), dtype=np.uint8)
         self.comm.Allgatherv(np.frombuffer(payload, dtype=np.uint8),
                              [data, counts.tolist(), MPI.BYTE])
-        gathered, offset = [], 0
-        for count in counts.tolist():
-            gathered.append(pickle.loads(data[offset:offset + count].tobytes()) if count else [])
+        offset = 0
+        for rank, count in enumerate(counts.tolist()):
+            if count:
+                gathered[rank].extend(pickle.loads(data[offset:offset + count].tobytes()))
             offset += count
         return gathered
 
@@ -320,19 +360,37 @@ class Engine:
         for rank, requests in enumerate(gathered):
             for request in requests:
                 kind = request[0]
-                if kind == "op":
-                    _, set_id, name, signature, info, describe = request
-                    entry = self._table.get((set_id, name))
-                    if entry is None:
-                        entry = self._table[(set_id, name)] = _Entry()
-                    entry.signatures[rank] = signature
-                    entry.infos[rank] = info
-                    entry.describes[rank] = describe
+                if kind == "cached":
+                    key = self._numbered[request[1]]
+                    cached = self._cache[key]
+                    self._add(key, rank, cached.signature, None, cached.describes.get(rank),
+                              True)
+                elif kind == "op":
+                    _, set_id, name, signature, info, describe, repeats = request
+                    self._add((set_id, name), rank, signature, info, describe, repeats)
                 elif kind == "join":
                     self._joined[rank] = len(self._joined)
                 elif kind == "shutdown":
                     shutdown = True
         return shutdown
+
+    def _add(self, key, rank, signature, info, describe, repeats):
+        entry = self._table.get(key)
+        if entry is None:
+            entry = self._table[key] = _Entry()
+        entry.signatures[rank] = signature
+        entry.infos[rank] = info
+        entry.describes[rank] = describe
+        entry.repeats = entry.repeats and repeats
+
+    def _remember(self, key, entry, signature, joined):
+        """Number an operation that is about to run and will repeat (the same decision on
+        every rank: it rests only on what every rank gathered)."""
+        if not entry.repeats or joined or key in self._cache or \
+                len(self._numbered) >= CACHE_SIZE:
+            return
+        self._cache[key] = _Cached(len(self._numbered), signature, dict(entry.describes))
+        self._numbered.append(key)
 
     def _members(self, set_id):
         """The world ranks of process set ``set_id``, in the set's rank order."""
@@ -404,6 +462,7 @@ class Engine:
                 f"{signature[0]} cannot run while rank(s) {_ranks(joined)} have joined "
                 f"(hvd.join): only allreduce takes joined ranks' zeros"))
             return
+        self._remember(key, entry, signature, joined)
         request = self._mine.pop(key, None)
         if request is None and self.rank not in joined:
             return                      # not a member of this set

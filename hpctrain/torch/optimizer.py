@@ -81,7 +81,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _submit(self, bucket):
         if bucket.request is None:
             bucket.request = self._request(bucket)
-        return submit(self._world, self._process_set, *bucket.request)
+        # The same name and signature every step: numbered in the engine's cache after the
+        # first, and then announced by a bit instead of in full.
+        return submit(self._world, self._process_set, *bucket.request, repeats=True)
 
     def _request(self, bucket):
         """The name, signature, description and data phase of ``bucket``'s operation, the

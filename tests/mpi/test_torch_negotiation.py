@@ -168,6 +168,87 @@ def test_a_bad_argument_on_one_rank_raises_there_and_fails_the_others(torch_algo
     all_ranks(comm, ok, [repr(error), after.tolist()])
 
 
+# ----- operations asked for again and again: the cache ------------------------------------
+
+def count_exchanges(engine):
+    """Wrap ``engine``'s negotiation to count, per cycle, the requests this rank sent whole
+    and those it announced by their number; return the counts and an undo."""
+    sent = {"whole": 0, "numbered": 0}
+    exchange = engine._exchange
+
+    def counted(mine, bits):
+        sent["whole"] += sum(1 for item in mine if item[0] == "op")
+        sent["numbered"] += len(bits)
+        return exchange(mine, bits)
+
+    engine._exchange = counted
+    return sent, lambda: engine.__dict__.pop("_exchange")
+
+
+def test_an_optimizers_buckets_are_announced_by_number_after_their_first_step(torch_algo, comm):
+    several_ranks(comm, "over one rank the optimizer reduces nothing")
+    from hpctrain.torch.basics import world
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters(),
+                                         bucket_mb=256 / 2**20)
+    buckets = len(optimizer.buckets)
+    sent, undo = count_exchanges(world().engine)
+    bad = []
+    try:
+        for step in range(3):
+            optimizer.zero_grad()
+            # Each rank's loss is its rank + 1 times a common one: the average gradient is
+            # the common gradient times the mean of 1..p, whatever order the sums take.
+            x = torch.arange(16.0).reshape(2, 8) / 16
+            (model(x).sum() * (comm.rank + 1)).backward()
+            optimizer.synchronize()
+            with optimizer.skip_synchronize():
+                optimizer.step()
+            want_bias = torch.full((4,), 2.0 * (comm.size + 1) / 2)
+            if not torch.allclose(model[1].bias.grad, want_bias):
+                bad.append(f"step {step}: {model[1].bias.grad.tolist()} != {want_bias.tolist()}")
+    finally:
+        undo()
+        optimizer.close()
+    # The first step sends every bucket whole; the next two announce them by number.
+    counts = (sent["whole"], sent["numbered"])
+    everyone = comm.allgather([name for _, name in world().engine._numbered])
+    ok = not bad and buckets >= 2 and counts == (buckets, 2 * buckets) and \
+        all(names == everyone[0] for names in everyone)
+    all_ranks(comm, ok, bad + [buckets, counts, everyone[comm.rank]])
+
+
+def test_a_numbered_name_asked_with_another_signature_fails_every_rank(torch_algo, comm):
+    several_ranks(comm, "one rank always agrees with itself")
+    from hpctrain.torch.basics import world
+    from hpctrain.torch.ops.allreduce import bucket_signature, reduce_flat
+    from hpctrain.torch.ops.common import Sum, submit
+
+    w = world()
+
+    def ask(count):
+        tensor = torch.ones(count)
+
+        def run(comm_, infos):
+            return reduce_flat(comm_, w.algo, tensor, Sum)
+        return submit(w, hvd.global_process_set, "repeated", bucket_signature(
+            count, tensor.dtype, tensor.device, Sum), f"repeated of {count}", run,
+            repeats=True).wait()
+
+    sums = [ask(4), ask(4)]     # the second is announced by its number
+    numbered = (0, "repeated") in w.engine._cache
+    # The last rank now asks for one element more, under the same name: not the numbered
+    # operation, so it is sent whole and the others' numbers pair with it, then fail.
+    error = raised(lambda: ask(5 if comm.rank == comm.size - 1 else 4))
+    hvd.barrier()
+    ok = numbered and all(torch.equal(t, torch.full((4,), float(comm.size))) for t in sums) \
+        and isinstance(error, hvd.HorovodInternalError) and "different arguments" in str(error)
+    all_ranks(comm, ok, [numbered, repr(error)])
+
+
 # ----- join ---------------------------------------------------------------------------------
 
 def test_join_lets_ranks_take_uneven_numbers_of_steps(torch_algo, comm):

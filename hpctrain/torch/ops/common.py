@@ -127,9 +127,10 @@ def announce_invalid(w, pset, name, reason):
         pass        # the name is in flight here already, or the engine has ended
 
 
-def submit(w, pset, name, signature, describe, run, info=None):
+def submit(w, pset, name, signature, describe, run, info=None, repeats=False):
     """Queue one operation (see :class:`hpctrain.torch.engine.Request`); return its handle."""
-    return w.engine.submit(Request(pset.process_set_id, name, signature, describe, run, info))
+    return w.engine.submit(Request(pset.process_set_id, name, signature, describe, run, info,
+                                   repeats))
 
 
 def describe_tensors(kind, name, tensors, **extra):
