@@ -49,6 +49,27 @@ def test_efficiency_is_relative_to_one_rank_of_the_same_algorithm():
         {("ddp", 1): 0, ("ring", 1): 0, ("ddp", 4): 1, ("ring", 4): 1}
 
 
+def test_the_summary_gives_the_noise_of_its_rounds_and_of_identical_code_at_one_rank():
+    from hpctrain.study.train import noise_lines
+
+    # At p = 1 ring and mpi reduce nothing: their medians (550, 440) differ by noise alone,
+    # 25 %; horovod and ddp run other code there and are left out of that comparison.
+    histories = {("ring", 1): [_epochs(1, 500.0), _epochs(1, 550.0), _epochs(1, 600.0)],
+                 ("mpi", 1): [_epochs(1, 440.0), _epochs(1, 400.0), _epochs(1, 480.0)],
+                 ("horovod", 1): [_epochs(1, 900.0), _epochs(1, 900.0), _epochs(1, 900.0)],
+                 ("ddp", 1): [_epochs(1, 100.0), _epochs(1, 100.0), _epochs(1, 100.0)]}
+    rows = scaling_rows(histories, cores=2)
+    spread = {r["algo"]: r["spread"] for r in rows}
+    assert spread == pytest.approx({"ring": 100 / 550, "mpi": 80 / 440, "horovod": 0.0,
+                                    "ddp": 0.0})
+    text = "\n".join(noise_lines(rows))
+    assert "the rounds of a point spread by 0 to 18 %" in text, text
+    assert "At p = 1 mpi, ring run the same code" in text, text
+    assert "the median of ring is 25 % above mpi's" in text, text
+    # One round and one algorithm of ours: nothing to say.
+    assert noise_lines(scaling_rows({("ring", 1): [_epochs(1, 500.0)]}, cores=2)) == []
+
+
 def test_unknown_algorithm_names_the_valid_ones():
     assert algorithms("ring, ddp,ring") == ["ring", "ddp"]
     with pytest.raises(UsageError, match="unknown nccl.*horovod.*ddp"):

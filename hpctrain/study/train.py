@@ -135,15 +135,19 @@ def scaling_rows(histories, cores):
     """One row per (algorithm, p): the best round, efficiency, and the ratio to DDP.
 
     The best round, as in docs/training.md: on a shared machine other jobs only ever slow a
-    run down, so the fastest round is the one they disturbed least. The median is kept too.
+    run down, so the fastest round is the one they disturbed least. The median is kept too,
+    and the spread of the rounds: (fastest - slowest) / median.
     """
     rows = []
     for (algo, p), runs in sorted(histories.items(), key=lambda item: (item[0][1], item[0][0])):
         figures = [measured(history) for history in runs]
         best = max(figures, key=_speed)
+        speeds = [_speed(f) for f in figures]
+        median = statistics.median(speeds)
         rows.append({"algo": algo, "np": p, "oversubscribed": int(p > cores),
                      "rounds": len(figures), **best,
-                     "median_samples_per_s": statistics.median(map(_speed, figures)),
+                     "median_samples_per_s": median,
+                     "spread": (max(speeds) - min(speeds)) / median,
                      "per_rank_samples_per_s": best["samples_per_s"] / p})
     speed = {(r["algo"], r["np"]): r["samples_per_s"] for r in rows}
     for r in rows:
@@ -209,13 +213,34 @@ def summary(rows, settings, cores, env):
                      f"{_fixed(r['exposed_comm_s'], 3)} |")
     lines += ["", "Fastest at each p: " + ", ".join(
         f"p = {p}: {max((r for r in rows if r['np'] == p), key=_speed)['algo']}"
-        for p in sorted({r["np"] for r in rows})) + ".", "",
+        for p in sorted({r["np"] for r in rows})) + ".", "", *noise_lines(rows),
         "DDP differs from `hpctrain train` in what it does besides the timed steps (no "
         "validation, no checkpoints) and in one thing inside them: train also checks every "
         "step that the loss and gradients are finite (one small allgather). gloo uses TCP "
         "even between ranks of one host, where Open MPI uses shared memory. DDP does not "
         "report its exposed communication (n/a).", ""]
     return "\n".join(lines)
+
+
+def noise_lines(rows):
+    """What this run cannot tell apart: the spread of each point's rounds and, at p = 1,
+    the difference between algorithms that run the same code there (nothing is reduced over
+    one rank, so only ``horovod`` and ``ddp`` differ): the noise between launches."""
+    lines = []
+    spreads = [r["spread"] for r in rows if r["rounds"] > 1]
+    if spreads:
+        lines.append(f"Noise: the rounds of a point spread by {100 * min(spreads):.0f} to "
+                     f"{100 * max(spreads):.0f} % ((fastest - slowest) / median).")
+    same = {r["algo"]: r["median_samples_per_s"] for r in rows
+            if r["np"] == 1 and r["algo"] not in (DDP, "horovod")}
+    if len(same) > 1:
+        fast, slow = max(same, key=same.get), min(same, key=same.get)
+        gap = 100 * (same[fast] / same[slow] - 1)
+        lines.append(f"At p = 1 {', '.join(sorted(same))} run the same code (nothing is "
+                     f"reduced), yet the median of {fast} is {gap:.0f} % above {slow}'s: "
+                     f"differences of that size between algorithms are this run's noise, "
+                     f"not theirs.")
+    return [*lines, ""] if lines else []
 
 
 def _launch(args, algo, p, round_):
