@@ -110,3 +110,26 @@ def test_scatter_allgather_broadcast_beats_the_tree_only_for_large_messages():
         assert time("scatter_allgather", 64 << 20) < time("tree", 64 << 20)
         assert time("scatter_allgather", 1024) > time("tree", 1024)
     assert cost.predict("tree", n, 1, machine, collective="broadcast") == 0.0
+
+
+def test_the_tree_charges_only_its_rounds_across_nodes_to_the_links_between_them():
+    from hpctrain.collectives.tree import rounds_across_nodes
+
+    n = 1000.0
+    # 8 ranks, 2 nodes of 4 by slot: rounds of distance 1 and 2 stay inside, 4 crosses.
+    assert rounds_across_nodes(8, 2) == 1
+    assert cost.coefficients("tree", n, 8, 2) == (4, 4 * n, 3 * n, 2, 2 * n)
+    # 4 ranks on 2 nodes of 2: distance 1 inside, distance 2 across.
+    assert cost.coefficients("tree", n, 4, 2) == (2, 2 * n, 2 * n, 2, 2 * n)
+    # One rank a node, or one node: every round on one kind of link, as the flat formula.
+    assert cost.coefficients("tree", n, 4, 4) == (0, 0, 2 * n, 4, 4 * n)
+    assert cost.coefficients("tree", n, 5, 1) == (6, 6 * n, 3 * n, 0, 0)
+    # 6 ranks on 2 nodes of 3 (0-2, 3-5): distance 1 pairs (2, 3) across, distance 2
+    # (0, 2) and (4, ...) not: (4, 6) has no 6; distance 4 (0, 4) across.
+    assert rounds_across_nodes(6, 2) == 2
+    # Rooted at 2 on 4 ranks of 2 nodes: virtual ranks 0..3 are ranks 2, 3, 0, 1, so the
+    # distance-1 pairs (2, 3), (0, 1) stay inside and distance 2, (2, 0), crosses.
+    assert rounds_across_nodes(4, 2, 2) == 1
+    # Rooted at 1: pairs (1, 2) and (3, 0) cross at distance 1; (1, 3) at distance 2.
+    assert rounds_across_nodes(4, 2, 1) == 2
+    assert cost.coefficients("tree", n, 4, 2, root=1) == (0, 0, 2 * n, 4, 4 * n)

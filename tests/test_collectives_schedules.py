@@ -111,6 +111,56 @@ def test_a_ring_that_sends_before_it_receives_deadlocks_only_when_sends_are_sync
                 f"{ALGORITHMS['ring'].tag} (synchronous)") in str(found.value), found.value
 
 
+@pytest.mark.parametrize("size, apart, segment", [(2, True, ring.SEGMENT_BYTES // 8),
+                                                   (2, False, 0), (3, True, 0)])
+def test_the_ring_cuts_messages_by_default_only_for_two_ranks_on_two_nodes(
+        monkeypatch, size, apart, segment):
+    # Two ranks: left and right neighbour are one rank, the TCP trap; three: one direction
+    # per connection. ``apart`` puts every rank on a node of its own.
+    from fake_comm import FakeComm
+
+    if apart:
+        monkeypatch.setattr(FakeComm, "Split_type",
+                            lambda self, kind, key=0: self.Split(self.Get_rank(), key))
+    algo = ALGORITHMS["ring"]
+    params = algo.parameters(size, {})
+
+    def rank_main(comm):
+        setup = algo.setup(comm, params)
+        return algo.schedule(size, comm.Get_rank(), 10**6, 8, params, setup).segment
+
+    assert run_ranks(size, rank_main, BUFFERED) == [segment] * size
+    # Whatever the placement, an explicit option wins.
+    explicit = algo.parameters(size, {"segment_bytes": 0})
+    assert run_ranks(size, lambda comm: algo.setup(comm, explicit), BUFFERED) == [0] * size
+
+
+def test_a_ring_of_two_in_segments_sends_each_step_in_eager_sized_pieces(monkeypatch):
+    sent = []
+    from fake_comm import FakeComm
+
+    isend = FakeComm.Isend
+
+    def counted(self, buf, dest, tag=0):
+        sent.append(len(buf))
+        return isend(self, buf, dest, tag)
+
+    monkeypatch.setattr(FakeComm, "Isend", counted)
+    count = 1000                    # 500 elements a chunk, 8 bytes each, 1 KiB segments
+    want = sum(base_values(r, count) for r in range(2))
+    results = simulate("ring", 2, count, {"segment_bytes": 1024}, eager=0)
+    assert all(np.array_equal(got, want) for got in results)
+    # Per rank: 2 steps of 500 elements, each 128 + 128 + 128 + 116 elements.
+    assert sorted(sent) == sorted([128, 128, 128, 116] * 2 * 2)
+
+
+def test_ring_segment_bytes_must_not_be_negative():
+    from hpctrain.errors import UsageError
+
+    with pytest.raises(UsageError, match="segment_bytes=-1 must be >= 0"):
+        ALGORITHMS["ring"].parameters(2, {"segment_bytes": -1})
+
+
 # ----- the fake itself: it must catch what it is there to catch -------------------------------
 
 def swap_by_send_then_recv(comm, nbytes=800, post=None):

@@ -36,7 +36,7 @@ def test_chunk_bounds_examples():
 
 def test_unknown_options_list_the_valid_ones():
     with pytest.raises(UsageError, match="takes no option 'root'; its options: none"):
-        ALGORITHMS["ring"].parameters(4, {"root": 0})
+        ALGORITHMS["mpi"].parameters(4, {"root": 0})
     with pytest.raises(UsageError, match="its options: root"):
         ALGORITHMS["tree"].parameters(4, {"servers": 2})
 

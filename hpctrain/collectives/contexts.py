@@ -111,13 +111,13 @@ class Context:
         """The cached plan for ``key``, built (and all arguments validated) on first use."""
         plan = self.plans.get(key)
         if plan is None:
-            plan = self._build(algo, op, dtype, count, options, device)
+            plan = self._build(key, algo, op, dtype, count, options, device)
             if len(self.plans) > 512:
                 self.forget_plans()
             self.plans[key] = plan
         return plan
 
-    def _build(self, algo, op, dtype, count, options, device):
+    def _build(self, key, algo, op, dtype, count, options, device):
         """Validate a call and plan it. No message is sent here, so that a rank whose
         arguments are wrong can still take part in the mismatch check."""
         algorithm = ALGORITHMS.get(algo)
@@ -142,13 +142,16 @@ class Context:
         elif algorithm.has_setup:
             # The set-up is collective: it waits for the data phase, after the mismatch
             # check has shown that every rank is making this same call.
-            plan.run = partial(self._first_run, plan, device, on_device)
+            plan.run = partial(self._first_run, key, plan, device, on_device)
         else:
             self._complete(plan, device, on_device)
         return plan
 
-    def _first_run(self, plan, device, on_device, flat):
+    def _first_run(self, key, plan, device, on_device, flat):
         self._complete(plan, device, on_device)
+        # A workspace grown just now dropped every cached plan, this one too, though it
+        # holds the new workspace: keep it, or the next call would plan again.
+        self.plans[key] = plan
         plan.run(flat)
 
     def _complete(self, plan, device, on_device):

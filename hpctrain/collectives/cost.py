@@ -7,10 +7,12 @@ Every modelled algorithm's time is linear in the machine parameters::
 with α the latency of one message (s), β the time per byte on a link (s/B), γ the time to
 reduce one byte (s/B), all inside one node, and α', β' the same between nodes (N nodes of
 p/N ranks). Each algorithm gives its own five coefficients (:meth:`Algorithm.cost
-<.algorithm.Algorithm.cost>`): a node-oblivious one (ring, tree, butterfly, ps) charges its
+<.algorithm.Algorithm.cost>`): a node-oblivious one (ring, butterfly, ps) charges its
 messages to α', β' when it spans several nodes (its slowest links are those), to α, β on
-one; the hierarchical allreduce charges its two node-local phases to α, β and its phase
-between nodes to α', β'. A model with no α', β' (fitted on one node) uses α, β for both.
+one; the tree charges each round to the links it crosses (ranks placed by slot: its first
+rounds stay inside the nodes); the hierarchical allreduce charges its two node-local
+phases to α, β and its phase between nodes to α', β'. A model with no α', β' (fitted on
+one node) uses α, β for both.
 Because the model is linear, the parameters are fitted to measured times by non-negative
 least squares on relative error, and every prediction is a dot product.
 

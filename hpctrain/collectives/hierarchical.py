@@ -20,12 +20,9 @@ shards allreduces them one after the other, in increasing order on every rank, s
 lowest unfinished shard always has all its owners at hand: no deadlock.
 
 Between nodes every message is cut into segments of at most ``segment_bytes`` (default
-32 KiB, under Open MPI's TCP eager limit of 64 KiB with the header): every receive is
-posted first, then the sends go out :data:`WINDOW` at a time. With two
-nodes the ring's left and right neighbour are the same rank, and over TCP a large message's
-rendezvous handshake queues behind the bulk data the other direction already sent on the
-connection, so the two directions would take turns; eager-sized segments need no handshake
-and flow both ways at once (``segment_bytes=0``: whole messages, one ``Sendrecv``).
+32 KiB, under Open MPI's TCP eager limit): with two nodes the ring's left and right
+neighbour are the same rank, and over TCP whole messages would take turns on the pair's
+one connection (:mod:`.ring` says why; ``segment_bytes=0``: whole messages).
 
 Option ``ranks_per_node`` (default: the environment variable ``HPCTRAIN_RANKS_PER_NODE``,
 else 0): 0 groups ranks by shared-memory node (``Split_type``); ``k > 0`` puts ranks
@@ -40,19 +37,13 @@ import os
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .algorithm import Algorithm, chunk_bounds, flat_cost, register, waitall
-from .ring import allgather, owned_chunk, reduce_scatter, ring_over, ring_schedule
+from .algorithm import Algorithm, chunk_bounds, flat_cost, register
+from .ring import (SEGMENT_BYTES, allgather, owned_chunk, reduce_scatter, ring_over,
+                   ring_schedule)
 from ..errors import UsageError
 
 #: Environment variable giving the default ``ranks_per_node``.
 RANKS_PER_NODE_ENV = "HPCTRAIN_RANKS_PER_NODE"
-#: Default segment of the messages between nodes: under Open MPI's TCP eager limit (64 KiB
-#: including the header), so that no segment waits for a rendezvous handshake.
-SEGMENT_BYTES = 32 * 1024
-#: Segments sent before waiting for them: enough to keep the link busy (512 KiB), few enough
-#: that a peer still busy with its node's phase is not flooded with unexpected messages
-#: (posting every segment at once made one call in four or five 2-3 times slower).
-WINDOW = 16
 
 
 @dataclass(frozen=True)
@@ -90,7 +81,6 @@ class HierarchicalSchedule:
 
     local: object             # RingSchedule over the node's ranks, chunks of whole shards
     shards: tuple             # ((shard, lo, hi, RingSchedule between nodes), ...)
-    segment: int              # elements per message between nodes (0: whole messages)
     scratch: int
 
 
@@ -126,44 +116,11 @@ def hierarchical_schedule(layout, rank, count, segment=0):
     bounds = chunk_bounds(count, layout.shards)
     chunks = tuple(bounds[s] for s in first_shards(layout.shards, len(members)))
     local = ring_over(len(members), members.index(rank), chunks)
-    shards = tuple((s, bounds[s], bounds[s + 1], ring_schedule(nodes, node, bounds[s + 1]
-                                                               - bounds[s]))
+    shards = tuple((s, bounds[s], bounds[s + 1],
+                    ring_schedule(nodes, node, bounds[s + 1] - bounds[s], segment))
                    for s in owned_shards(layout, rank))
     scratch = max([local.scratch, *(sched.scratch for *_, sched in shards)])
-    return HierarchicalSchedule(local, shards, segment, scratch)
-
-
-def segments(length, segment):
-    """``(lo, hi)`` of consecutive pieces of at most ``segment`` elements covering
-    ``length`` (one piece if ``segment`` is 0)."""
-    step = segment or max(length, 1)
-    return [(lo, min(lo + step, length)) for lo in range(0, length, step)]
-
-
-def exchange(comm, send, dest, recv, source, tag, segment):
-    """Send ``send`` to ``dest`` while receiving ``recv`` from ``source``, in segments: every
-    receive posted first, so that eager data finds its buffer, then the sends in windows.
-    No deadlock: a rank waits on its sends only after posting all its receives."""
-    if not segment:
-        comm.Sendrecv(send, dest, tag, recv, source, tag)
-        return
-    receives = [comm.Irecv(recv[lo:hi], source, tag) for lo, hi in segments(len(recv), segment)]
-    pieces = segments(len(send), segment)
-    for first in range(0, len(pieces), WINDOW):
-        waitall([comm.Isend(send[lo:hi], dest, tag) for lo, hi in pieces[first:first + WINDOW]])
-    waitall(receives)
-
-
-def ring_between_nodes(comm, flat, sched, scratch, reduce, tag, segment):
-    """The ring allreduce of ``flat`` over ``comm`` (reduce-scatter, then allgather), each
-    step's message in segments (see :func:`exchange`)."""
-    right, left = sched.right, sched.left
-    for send_lo, send_hi, recv_lo, recv_hi in sched.reduce_scatter:
-        incoming = scratch[:recv_hi - recv_lo]
-        exchange(comm, flat[send_lo:send_hi], right, incoming, left, tag, segment)
-        reduce(flat[recv_lo:recv_hi], incoming)
-    for send_lo, send_hi, recv_lo, recv_hi in sched.allgather:
-        exchange(comm, flat[send_lo:send_hi], right, flat[recv_lo:recv_hi], left, tag, segment)
+    return HierarchicalSchedule(local, shards, scratch)
 
 
 @register
@@ -234,8 +191,8 @@ class Hierarchical(Algorithm):
         reduce, scratch = plan.reduce, plan.scratch
         reduce_scatter(groups.local, flat, sched.local, scratch, reduce, tag)
         for shard, lo, hi, ring in sched.shards:
-            ring_between_nodes(groups.inter[shard], flat[lo:hi], ring, scratch, reduce, tag,
-                               sched.segment)
+            reduce_scatter(groups.inter[shard], flat[lo:hi], ring, scratch, reduce, tag)
+            allgather(groups.inter[shard], flat[lo:hi], ring, tag)
         allgather(groups.local, flat, sched.local, tag)
 
     def cost(self, nbytes, ranks, nodes, params):

@@ -9,13 +9,16 @@ the tree broadcast collective, :mod:`.broadcast_tree`).
 Cost: ``2⌈lg p⌉α + 2n⌈lg p⌉β + n⌈lg p⌉γ``. Few latencies, but the whole vector crosses
 every level twice and the ranks near the root do the most work: it suits small messages
 and cases where the result is wanted at one root first (``root=`` option, default 0).
+On several nodes only the rounds in which some pair sits on two nodes go over the links
+between nodes (:func:`rounds_across_nodes`): with ``k`` ranks per node placed by slot and
+``k`` a power of two, the first ``lg k`` rounds stay inside the nodes.
 """
 
 import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .algorithm import RootedAlgorithm, flat_cost, register
+from .algorithm import RootedAlgorithm, register
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,19 @@ def tree_schedule(size, rank, count, root):
             children.append((vrank + mask + root) % size)
         mask <<= 1
     return TreeSchedule(parent, tuple(children), count if children else 0)
+
+
+@lru_cache(maxsize=1024)
+def rounds_across_nodes(size, nodes, root=0):
+    """How many of the tree's ``⌈lg p⌉`` rounds have a pair of ranks on two nodes, for
+    ``size`` ranks placed by slot on ``nodes`` nodes (rank ``r`` on node ``r·N // p``):
+    the rounds whose time is the link's between nodes."""
+    node = [((v + root) % size) * nodes // size for v in range(size)]
+    across, mask = 0, 1
+    while mask < size:
+        across += any(node[v] != node[v + mask] for v in range(0, size - mask, 2 * mask))
+        mask <<= 1
+    return across
 
 
 def broadcast(comm, flat, sched, tag):
@@ -75,5 +91,10 @@ class Tree(RootedAlgorithm):
         broadcast(comm, flat, sched, tag)
 
     def cost(self, nbytes, ranks, nodes, params):
+        """Each round sends the whole vector up (reduce) and down (broadcast): the rounds
+        inside the nodes on α, β, the rounds across them on α', β'."""
         steps = math.ceil(math.log2(ranks))
-        return flat_cost(2 * steps, 2 * nbytes * steps, nbytes * steps, nodes)
+        across = rounds_across_nodes(ranks, max(1, min(nodes, ranks)), params[0] % ranks)
+        inside = steps - across
+        return (2.0 * inside, 2.0 * nbytes * inside, float(nbytes * steps), 2.0 * across,
+                2.0 * nbytes * across)
