@@ -136,6 +136,32 @@ def test_two_host_allreduce_crosses_the_link(vcluster):
     assert row and float(row.group(3)) > 25_000, result.output
 
 
+#: Prints what the ring chose for its messages on this launch, and whether the sum was right.
+RING_SEGMENTS = """
+import os
+import numpy as np
+from hpctrain.collectives import allreduce, context
+data = np.arange(100_000, dtype=np.float64)
+allreduce(data, algo="ring")
+right = bool(np.array_equal(data, 2 * np.arange(100_000)))
+chosen = [v for (name, _), v in context().setups.items() if name == "ring"]
+os.write(1, f"<ring segment {chosen} right {right}>\\n".encode())
+"""
+
+
+def test_the_ring_of_two_hosts_sends_segments_and_of_one_host_whole_messages(vcluster, mpirun):
+    # Over TCP two ranks' whole messages take turns on their one connection; in shared memory
+    # they do not, and segments would only cost calls (docs/collectives.md, ring).
+    across = run_on_cluster(vcluster, 2, "python", "-c", RING_SEGMENTS)
+    assert across.returncode == 0, across.output
+    assert re.findall(r"<ring segment (.*?)>", across.output) == ["[32768] right True"] * 2, \
+        across.output
+    local = mpirun(2, [sys.executable, "-c", RING_SEGMENTS], timeout=120)
+    assert local.returncode == 0, local.output
+    assert re.findall(r"<ring segment (.*?)>", local.output) == ["[0] right True"] * 2, \
+        local.output
+
+
 def test_two_host_training_matches_one_host(vcluster, mpirun, tmp_path):
     """Training across the link gives the same run as on one host: the ring adds in the same
     order whatever carries the bytes, so losses agree to the last digit."""
