@@ -161,6 +161,25 @@ def test_ring_segment_bytes_must_not_be_negative():
         ALGORITHMS["ring"].parameters(2, {"segment_bytes": -1})
 
 
+def test_the_environment_sets_segment_bytes_where_a_call_does_not(monkeypatch):
+    from hpctrain.errors import UsageError
+
+    ring_, hier = ALGORITHMS["ring"], ALGORITHMS["hierarchical"]
+    monkeypatch.delenv(ring.SEGMENT_ENV, raising=False)
+    assert ring_.parameters(2, {}) == (None,)               # unset: the ring decides
+    assert hier.parameters(2, {"ranks_per_node": 1})[1] == ring.SEGMENT_BYTES
+    monkeypatch.setenv(ring.SEGMENT_ENV, "0")                # e.g. on an RDMA network
+    assert ring_.parameters(2, {}) == (0,)
+    assert hier.parameters(2, {"ranks_per_node": 1})[1] == 0
+    assert ring_.parameters(2, {"segment_bytes": 4096}) == (4096,)    # the call wins
+    for text, message in (("big", "HPCTRAIN_SEGMENT_BYTES='big' is not an integer"),
+                          ("-8", "HPCTRAIN_SEGMENT_BYTES=-8 must be >= 0")):
+        monkeypatch.setenv(ring.SEGMENT_ENV, text)
+        for algo in (ring_, hier):
+            with pytest.raises(UsageError, match=message):
+                algo.parameters(2, {})
+
+
 # ----- the fake itself: it must catch what it is there to catch -------------------------------
 
 def swap_by_send_then_recv(comm, nbytes=800, post=None):

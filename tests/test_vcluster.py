@@ -160,6 +160,12 @@ def test_the_ring_of_two_hosts_sends_segments_and_of_one_host_whole_messages(vcl
     assert local.returncode == 0, local.output
     assert re.findall(r"<ring segment (.*?)>", local.output) == ["[0] right True"] * 2, \
         local.output
+    # The launch line's choice, as on an RDMA network: whole messages across the hosts too.
+    whole = run_on_cluster({**vcluster, "HPCTRAIN_SEGMENT_BYTES": "0"}, 2,
+                           "-x", "HPCTRAIN_SEGMENT_BYTES", "python", "-c", RING_SEGMENTS)
+    assert whole.returncode == 0, whole.output
+    assert re.findall(r"<ring segment (.*?)>", whole.output) == ["[0] right True"] * 2, \
+        whole.output
 
 
 def test_two_host_training_matches_one_host(vcluster, mpirun, tmp_path):

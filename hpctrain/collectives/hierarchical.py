@@ -20,9 +20,10 @@ shards allreduces them one after the other, in increasing order on every rank, s
 lowest unfinished shard always has all its owners at hand: no deadlock.
 
 Between nodes every message is cut into segments of at most ``segment_bytes`` (default
-32 KiB, under Open MPI's TCP eager limit): with two nodes the ring's left and right
-neighbour are the same rank, and over TCP whole messages would take turns on the pair's
-one connection (:mod:`.ring` says why; ``segment_bytes=0``: whole messages).
+``$HPCTRAIN_SEGMENT_BYTES``, else 32 KiB, under Open MPI's TCP eager limit): with two
+nodes the ring's left and right neighbour are the same rank, and over TCP whole messages
+would take turns on the pair's one connection (:mod:`.ring` says why; ``segment_bytes=0``:
+whole messages).
 
 Option ``ranks_per_node`` (default: the environment variable ``HPCTRAIN_RANKS_PER_NODE``,
 else 0): 0 groups ranks by shared-memory node (``Split_type``); ``k > 0`` puts ranks
@@ -39,7 +40,7 @@ from functools import lru_cache
 
 from .algorithm import Algorithm, chunk_bounds, flat_cost, register
 from .ring import (SEGMENT_BYTES, allgather, owned_chunk, reduce_scatter, ring_over,
-                   ring_schedule)
+                   ring_schedule, segment_bytes)
 from ..errors import UsageError
 
 #: Environment variable giving the default ``ranks_per_node``.
@@ -128,7 +129,7 @@ class Hierarchical(Algorithm):
     """Reduce-scatter in each node, ring allreduce between nodes, allgather in each node."""
 
     name = "hierarchical"
-    options = {"ranks_per_node": None, "segment_bytes": SEGMENT_BYTES}
+    options = {"ranks_per_node": None, "segment_bytes": None}
     has_setup = True
     chosen_by_model = True
 
@@ -144,10 +145,7 @@ class Hierarchical(Algorithm):
         if value < 0:
             raise UsageError(f"allreduce option ranks_per_node={value} must be >= 0 (0: "
                              f"group ranks by shared-memory node)")
-        if params[1] < 0:
-            raise UsageError(f"allreduce option segment_bytes={params[1]} must be >= 0 (0: "
-                             f"whole messages)")
-        return (min(int(value), size), int(params[1]))
+        return (min(int(value), size), segment_bytes(params[1], SEGMENT_BYTES))
 
     def examples(self, size):
         """The real nodes, every split of the ranks into nodes of ``k``, and messages

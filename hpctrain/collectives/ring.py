@@ -25,9 +25,12 @@ emulated hosts, 214 ms for 16 MiB instead of 134. Segments under the eager limit
 handshake and flow both ways at once (:func:`exchange`). They cost a few microseconds of
 Python each, so the default (``None``) cuts messages only where the trap is: two ranks on
 two nodes. ``0`` sends whole messages (one ``Sendrecv`` per step) everywhere, the right
-choice on an RDMA network; ``k > 0`` cuts every message into ``k``-byte segments.
+choice on an RDMA network; ``k > 0`` cuts every message into ``k``-byte segments. Where a
+call gives no ``segment_bytes``, ``$HPCTRAIN_SEGMENT_BYTES`` does (for the hierarchical
+allreduce's ring between nodes too), so that a launch line can choose for a whole job.
 """
 
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -37,6 +40,8 @@ from ..errors import UsageError
 #: Segment of a message cut for the network: under Open MPI's TCP eager limit (64 KiB
 #: including the header), so that no segment waits for a rendezvous handshake.
 SEGMENT_BYTES = 32 * 1024
+#: Environment variable giving ``segment_bytes`` where a call does not.
+SEGMENT_ENV = "HPCTRAIN_SEGMENT_BYTES"
 #: Segments sent before waiting for them: enough to keep the link busy (512 KiB), few enough
 #: that a peer still busy elsewhere is not flooded with unexpected messages (posting every
 #: segment at once made one call in four or five 2-3 times slower).
@@ -92,6 +97,25 @@ def owned_chunk(size, rank):
     return (rank + 1) % size
 
 
+def segment_bytes(value, default):
+    """The ``segment_bytes`` option: ``value`` if given, else ``$HPCTRAIN_SEGMENT_BYTES``,
+    else ``default``; never negative."""
+    origin = "allreduce option segment_bytes"
+    if value is None:
+        text = os.environ.get(SEGMENT_ENV)
+        if text is None:
+            return default
+        try:
+            value, origin = int(text), SEGMENT_ENV
+        except ValueError:
+            raise UsageError(f"{SEGMENT_ENV}={text!r} is not an integer: give the bytes per "
+                             f"message, or 0 for whole messages") from None
+    if value < 0:
+        raise UsageError(f"{origin}={value} must be >= 0 (0: whole messages; unset: "
+                         f"segments only where they help)")
+    return int(value)
+
+
 def segments(length, segment):
     """``(lo, hi)`` of consecutive pieces of at most ``segment`` elements covering
     ``length`` (one piece if ``segment`` is 0)."""
@@ -144,18 +168,14 @@ class Ring(Algorithm):
     chosen_by_model = True
 
     def validate(self, size, params):
-        if params[0] is not None and params[0] < 0:
-            raise UsageError(f"allreduce option segment_bytes={params[0]} must be >= 0 (0: "
-                             f"whole messages; default: segments only for two ranks on two "
-                             f"nodes)")
-        return params
+        return (segment_bytes(params[0], None),)
 
     def examples(self, size):
         """The default, whole messages, and 1 KiB segments (several per message)."""
         return [{}, {"segment_bytes": 0}, {"segment_bytes": 1024}]
 
     def setup(self, comm, params):
-        """The bytes per message (0: whole). The default asks, on two ranks only, whether
+        """The bytes per message (0: whole). Unset, it asks, on two ranks only, whether
         they share a node (``Split_type``, collective: the same decision on every rank,
         since it rests on the size alone)."""
         if params[0] is not None:
