@@ -17,6 +17,7 @@ command-line choices and the tests (:meth:`Algorithm.examples`). A new algorithm
 - optionally :meth:`~Algorithm.cost`: its time in the α-β-γ model (:mod:`.cost`).
 """
 
+import os
 import zlib
 from dataclasses import dataclass
 from functools import partial
@@ -77,6 +78,24 @@ def waitall(requests):
     from mpi4py import MPI
 
     MPI.Request.Waitall(requests)
+
+
+def count_option(name, value, env, default, meaning):
+    """The count option ``name`` (>= 0): ``value`` if the call gave one, else the integer in
+    the environment variable ``env``, else ``default``. ``meaning`` says what would be right,
+    for the messages of a bad value."""
+    origin = f"allreduce option {name}"
+    if value is None:
+        text = os.environ.get(env)
+        if text is None:
+            return default
+        try:
+            value, origin = int(text), env
+        except ValueError:
+            raise UsageError(f"{env}={text!r} is not an integer: give {meaning}") from None
+    if value < 0:
+        raise UsageError(f"{origin}={value} must be >= 0: give {meaning}")
+    return int(value)
 
 
 def flat_cost(messages, sent, reduced, nodes):

@@ -34,14 +34,12 @@ The sub-communicators are made once per private communicator (:meth:`Hierarchica
 collective: one ``Split`` per shard) and freed with it.
 """
 
-import os
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .algorithm import Algorithm, chunk_bounds, flat_cost, register
+from .algorithm import Algorithm, chunk_bounds, count_option, flat_cost, register
 from .ring import (SEGMENT_BYTES, allgather, owned_chunk, reduce_scatter, ring_over,
                    ring_schedule, segment_bytes)
-from ..errors import UsageError
 
 #: Environment variable giving the default ``ranks_per_node``.
 RANKS_PER_NODE_ENV = "HPCTRAIN_RANKS_PER_NODE"
@@ -134,18 +132,9 @@ class Hierarchical(Algorithm):
     chosen_by_model = True
 
     def validate(self, size, params):
-        value = params[0]
-        if value is None:
-            text = os.environ.get(RANKS_PER_NODE_ENV, "0")
-            try:
-                value = int(text)
-            except ValueError:
-                raise UsageError(f"{RANKS_PER_NODE_ENV}={text!r} is not an integer: give the "
-                                 f"ranks per node, or 0 for the shared-memory nodes") from None
-        if value < 0:
-            raise UsageError(f"allreduce option ranks_per_node={value} must be >= 0 (0: "
-                             f"group ranks by shared-memory node)")
-        return (min(int(value), size), segment_bytes(params[1], SEGMENT_BYTES))
+        per_node = count_option("ranks_per_node", params[0], RANKS_PER_NODE_ENV, 0,
+                                "the ranks per node, or 0 for the shared-memory nodes")
+        return (min(per_node, size), segment_bytes(params[1], SEGMENT_BYTES))
 
     def examples(self, size):
         """The real nodes, every split of the ranks into nodes of ``k``, and messages

@@ -30,12 +30,10 @@ call gives no ``segment_bytes``, ``$HPCTRAIN_SEGMENT_BYTES`` does (for the hiera
 allreduce's ring between nodes too), so that a launch line can choose for a whole job.
 """
 
-import os
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .algorithm import Algorithm, chunk_bounds, flat_cost, register, waitall
-from ..errors import UsageError
+from .algorithm import Algorithm, chunk_bounds, count_option, flat_cost, register, waitall
 
 #: Segment of a message cut for the network: under Open MPI's TCP eager limit (64 KiB
 #: including the header), so that no segment waits for a rendezvous handshake.
@@ -99,21 +97,9 @@ def owned_chunk(size, rank):
 
 def segment_bytes(value, default):
     """The ``segment_bytes`` option: ``value`` if given, else ``$HPCTRAIN_SEGMENT_BYTES``,
-    else ``default``; never negative."""
-    origin = "allreduce option segment_bytes"
-    if value is None:
-        text = os.environ.get(SEGMENT_ENV)
-        if text is None:
-            return default
-        try:
-            value, origin = int(text), SEGMENT_ENV
-        except ValueError:
-            raise UsageError(f"{SEGMENT_ENV}={text!r} is not an integer: give the bytes per "
-                             f"message, or 0 for whole messages") from None
-    if value < 0:
-        raise UsageError(f"{origin}={value} must be >= 0 (0: whole messages; unset: "
-                         f"segments only where they help)")
-    return int(value)
+    else ``default``."""
+    return count_option("segment_bytes", value, SEGMENT_ENV, default,
+                        "the bytes per message, or 0 for whole messages")
 
 
 def segments(length, segment):
