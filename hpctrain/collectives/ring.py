@@ -21,7 +21,8 @@ connection per pair of ranks, and a large message's rendezvous handshake queues 
 bulk data the other direction already sent on it. When a rank's left and right neighbour
 are the same rank (two ranks, or two nodes in :mod:`.hierarchical`), each step is a
 pairwise exchange of large messages and the two directions take turns: measured at 2
-emulated hosts, 214 ms for 16 MiB instead of 134. Segments under the eager limit need no
+emulated hosts, 201 ms for 16 MiB in whole messages against 136 ms in segments
+(docs/collectives.md). Segments under the eager limit need no
 handshake and flow both ways at once (:func:`exchange`). They cost a few microseconds of
 Python each, so the default (``None``) cuts messages only where the trap is: two ranks on
 two nodes. ``0`` sends whole messages (one ``Sendrecv`` per step) everywhere, the right

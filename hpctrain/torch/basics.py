@@ -70,7 +70,7 @@ class World:
         does not do (``init_process_group``, ``comm_hook``): collectives that every rank
         makes, so every rank starts it, and the shutdown that ``close`` negotiates finds
         every rank's thread."""
-        return self._engine or self._start_engine()
+        return self._engine if self._engine is not None else self._start_engine()
 
     def _start_engine(self):
         from .ops.allreduce import joined_allreduce
