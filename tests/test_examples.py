@@ -82,3 +82,34 @@ def test_the_uneven_data_script_joins_and_ends_with_identical_replicas(mpirun, n
     sums = re.search(r"weight checksum per rank \[([^\]]+)\]", run.output)
     assert sums and len(set(sums.group(1).split(", "))) == 1, run.output
     assert len(sums.group(1).split(", ")) == np, run.output
+
+
+def test_auto_from_the_launch_line_loads_the_profile_the_environment_names(mpirun, tmp_path):
+    import json
+    import sys
+
+    # Measured winners at 2 ranks: the 20-byte allreduce of the program is nearest 8 bytes.
+    profile = {"fitted": {"alpha": 2e-6, "beta": 1e-9, "gamma": 1e-10},
+               "p2p_prior": {"alpha": 1e-6, "beta": 1e-9, "gamma": 1e-10},
+               "measured_best": {"2": [[8, "butterfly"], [1 << 20, "ring"]]}}
+    path = tmp_path / "params.json"
+    path.write_text(json.dumps(profile))
+    run = mpirun(2, [sys.executable, REPO / "tests" / "programs" / "allreduce_sum.py", "auto"],
+                 timeout=120, env={"HPCTRAIN_ALLREDUCE_PROFILE": str(path)})
+    assert run.returncode == 0, run.output
+    assert "allreduce over 2 ranks: [3.0, 3.0, 3.0, 3.0, 3.0], want 3.0" in run.output
+
+
+def test_auto_without_a_profile_is_one_clear_error_on_every_rank(mpirun, tmp_path):
+    import sys
+
+    missing = tmp_path / "no-such" / "params.json"
+    run = mpirun(3, [sys.executable, EXAMPLES / "horovod_style.py", "--epochs", "1"],
+                 timeout=120, env={"HPCTRAIN_ALLREDUCE": "auto",
+                                   "HPCTRAIN_ALLREDUCE_PROFILE": str(missing)})
+    assert run.returncode != 0, run.output
+    # Every rank stops on the same verdict, which rank 0 reports once: what is missing and how
+    # to make it. None is left waiting (mpirun's timeout above turns a hang into a failure).
+    assert run.output.count(f"allreduce 'auto': no profile at '{missing}'") == 1, run.output
+    assert "HPCTRAIN_ALLREDUCE_PROFILE=" in run.output
+    assert "Traceback" not in run.output, run.output

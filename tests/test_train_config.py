@@ -26,6 +26,26 @@ def test_command_line_overrides_the_file_which_overrides_the_defaults(tmp_path):
     assert isinstance(config.lr, float)
 
 
+def test_the_environment_chooses_the_algorithm_below_the_file_and_the_command_line(tmp_path):
+    environ = {"HPCTRAIN_ALLREDUCE": "tree", "HPCTRAIN_ALLREDUCE_PROFILE": "p.json"}
+    assert TrainConfig().allreduce == "ring"          # the default of hpctrain.torch too
+    config = load_config(None, (), environ)
+    assert (config.allreduce, config.allreduce_profile) == ("tree", "p.json")
+    path = tmp_path / "run.toml"
+    path.write_text('allreduce = "butterfly"\n')
+    assert load_config(path, (), environ).allreduce == "butterfly"
+    assert load_config(path, parse_overrides(["--allreduce", "mpi"]), environ).allreduce == "mpi"
+    # A configuration rebuilt from a record (no environ) never reads the variables.
+    assert load_config(None, ()).allreduce == "ring"
+    assert load_config(None, (), {"HPCTRAIN_ALLREDUCE": ""}).allreduce == "ring"
+
+
+def test_a_bad_algorithm_in_the_environment_names_the_variable():
+    with pytest.raises(UsageError, match=r"HPCTRAIN_ALLREDUCE='rign' \(the environment\): "
+                                         r"allreduce: 'rign' is not one of"):
+        load_config(None, (), {"HPCTRAIN_ALLREDUCE": "rign"})
+
+
 @pytest.mark.parametrize("tokens, pairs", [
     (["--lr=0.1"], [("lr", "0.1")]),
     (["--lr", "0.1", "--epochs=2"], [("lr", "0.1"), ("epochs", "2")]),

@@ -19,7 +19,12 @@ Allreduce algorithms (``ALGORITHMS``):
   node (``ranks_per_node=0``: by shared memory);
 - ``mpi``: the MPI library's ``Allreduce`` (baseline);
 - ``horovod``: ``hvd.allreduce`` (baseline; needs Horovod);
-- ``auto``: one of the above per message size, from a study's profile (``auto.use``).
+- ``auto``: one of the above per message size, from a study's profile (``auto.use``, or
+  the file ``$HPCTRAIN_ALLREDUCE_PROFILE`` names, default ``runs/study-allreduce/params.json``).
+
+``DEFAULT_ALLREDUCE`` (``ring``) is the choice where none is named; ``$HPCTRAIN_ALLREDUCE``
+(``ENV_ALLREDUCE``) names one from the launch line for ``hpctrain train`` and
+``hpctrain.torch`` alike.
 
 allgather: ``ring``, ``butterfly``, ``mpi``; reduce_scatter: ``ring``, ``butterfly``,
 ``mpi``; alltoall: ``pairwise``, ``mpi``; broadcast: ``tree``, ``scatter_allgather``, ``mpi``
@@ -46,15 +51,16 @@ from . import reducescatter_ring, reducescatter_butterfly, reducescatter_mpi  # 
 from . import alltoall_pairwise, alltoall_mpi  # noqa: F401
 from . import broadcast_tree, broadcast_scatter_allgather, broadcast_mpi  # noqa: F401
 from . import auto, cost  # noqa: F401
-from .algorithm import ALGORITHMS, COLLECTIVES, REGISTRIES, Algorithm
+from .algorithm import (ALGORITHMS, COLLECTIVES, DEFAULT_ALLREDUCE, ENV_ALLREDUCE, REGISTRIES,
+                        Algorithm)
 from .blocks import allgather, alltoall, broadcast, companion, reduce_scatter
 from .check import MismatchError
 from .contexts import context
 from .driver import allreduce, allreduce_fused
 from .dtypes import DTYPES, OPS
 
-__all__ = ["ALGORITHMS", "COLLECTIVES", "REGISTRIES", "auto", "cost", "DTYPES", "OPS",
-           "Algorithm", "MismatchError", "allgather", "allreduce", "allreduce_fused",
+__all__ = ["ALGORITHMS", "COLLECTIVES", "DEFAULT_ALLREDUCE", "ENV_ALLREDUCE", "REGISTRIES",
+           "auto", "cost", "DTYPES", "OPS", "Algorithm", "MismatchError", "allgather", "allreduce", "allreduce_fused",
            "alltoall", "available", "broadcast", "companion", "context", "reduce_scatter"]
 
 

@@ -33,6 +33,12 @@ COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast
 REGISTRIES = {collective: {} for collective in COLLECTIVES}
 #: The allreduce algorithms by name.
 ALGORITHMS = REGISTRIES["allreduce"]
+#: The allreduce algorithm where none is named, for ``hpctrain train`` and ``hpctrain.torch``
+#: alike: the bandwidth-optimal ring, the algorithm Horovod runs over MPI, and always here
+#: (Horovod itself is an optional extra).
+DEFAULT_ALLREDUCE = "ring"
+#: The environment variable that names it from the launch line, for both.
+ENV_ALLREDUCE = "HPCTRAIN_ALLREDUCE"
 #: The first tag handed out by :func:`register`; user tags are never seen on our private
 #: communicator, this only keeps each algorithm's messages apart from the others'.
 FIRST_TAG = 11

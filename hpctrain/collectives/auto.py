@@ -18,11 +18,17 @@ size. For a call of ``n`` bytes on ``p`` ranks, :meth:`Profile.choose` takes
 
 Every rank must choose the same algorithm for the same call: :func:`load` reads the file on
 rank 0 and broadcasts it, so ranks agree even without a shared file system.
+
+Where no profile was given (``HPCTRAIN_ALLREDUCE=auto`` on the launch line of a script that
+never calls :func:`use`), ``hpctrain.torch.init`` loads :func:`profile_path`: the file
+``$HPCTRAIN_ALLREDUCE_PROFILE`` names, else ``runs/study-allreduce/params.json`` (where
+``hpctrain study allreduce`` writes by default).
 """
 
 import bisect
 import json
 import math
+import os
 from dataclasses import dataclass, field
 
 from . import cost
@@ -37,6 +43,10 @@ def never_chosen():
 def model_choices():
     """What the model may choose where nothing was measured, from the registry."""
     return tuple(name for name, algorithm in ALGORITHMS.items() if algorithm.chosen_by_model)
+
+#: The variable that names the profile file, and the file where it names none.
+ENV_PROFILE = "HPCTRAIN_ALLREDUCE_PROFILE"
+DEFAULT_PROFILE = "runs/study-allreduce/params.json"
 
 _ACTIVE = []        # [Profile] once use() was called
 #: The name under which ``allreduce`` caches the plans of ``algo="auto"``: new with every
@@ -115,14 +125,27 @@ def load(path, comm=None):
             with open(path) as f:
                 data = json.load(f)
         except FileNotFoundError:
-            error = (f"--allreduce auto: no profile at {path!r}; write one with `hpctrain "
-                     f"study allreduce --out DIR` and pass DIR/params.json")
+            error = (f"allreduce 'auto': no profile at {str(path)!r}; write one with "
+                     f"`hpctrain study allreduce --out DIR` and name DIR/params.json with "
+                     f"{ENV_PROFILE}= (train: --allreduce-profile), or choose another "
+                     f"algorithm")
         except (OSError, ValueError) as exc:
-            error = f"--allreduce auto: cannot read the profile {path!r}: {exc}"
+            error = f"allreduce 'auto': cannot read the profile {str(path)!r}: {exc}"
     data, error = comm.bcast((data, error), root=0)
     if error:
         raise Verdict.everywhere(error, comm)
     return Profile.from_dict(data, str(path))
+
+
+def profile_path():
+    """The profile file to load where none was given: ``$HPCTRAIN_ALLREDUCE_PROFILE``, else
+    ``runs/study-allreduce/params.json``."""
+    return os.environ.get(ENV_PROFILE) or DEFAULT_PROFILE
+
+
+def in_use():
+    """True once :func:`use` gave this process a profile."""
+    return bool(_ACTIVE)
 
 
 def use(profile):
@@ -134,6 +157,7 @@ def use(profile):
 def choice(nbytes, ranks):
     """``(algo, profile)`` for an ``auto`` call; ``UsageError`` if no profile is in use."""
     if not _ACTIVE:
-        raise UsageError("algo='auto' needs a profile: call hpctrain.collectives.auto.use("
-                         "auto.load(PATH)) first (train: --allreduce-profile PATH)")
+        raise UsageError(f"algo='auto' needs a profile: call hpctrain.collectives.auto.use("
+                         f"auto.load(PATH)) first, or start hpctrain.torch with {ENV_PROFILE} "
+                         f"set (train: --allreduce-profile PATH)")
     return _ACTIVE[0].choose(nbytes, ranks), _ACTIVE[0]

@@ -2,9 +2,11 @@
 
 ``init(comm=None, process_sets=None, allreduce=None)`` is collective over ``comm`` (default
 ``COMM_WORLD``). The allreduce algorithm is, in order: the ``allreduce=`` argument, the
-environment variable ``HPCTRAIN_ALLREDUCE``, else ``ring``; the names are those of
+environment variable ``HPCTRAIN_ALLREDUCE``, else ``ring`` (as ``hpctrain train``: both take
+``collectives.DEFAULT_ALLREDUCE``); the names are those of
 ``hpctrain.collectives.available()``, or ``auto`` (chosen per bucket size from the profile
-given to ``hpctrain.collectives.auto.use``). The other collectives use the algorithm of their
+given to ``hpctrain.collectives.auto.use``, or else loaded by ``init`` from
+``$HPCTRAIN_ALLREDUCE_PROFILE``, default ``runs/study-allreduce/params.json``). The other collectives use the algorithm of their
 own family that goes with it (``hpctrain.collectives.companion``: ring with ring, butterfly
 with recursive doubling and halving, ...).
 
@@ -19,10 +21,9 @@ import threading
 
 from .engine import Engine
 from .process_sets import ProcessSet, global_process_set
+from ..collectives.algorithm import DEFAULT_ALLREDUCE, ENV_ALLREDUCE
 from ..runtime import guard
 
-ENV_ALLREDUCE = "HPCTRAIN_ALLREDUCE"
-DEFAULT_ALLREDUCE = "ring"
 
 _STATE = {}
 #: Prefixes of names that count objects every rank makes alike (kept across a join).
@@ -205,7 +206,15 @@ def init(comm=None, process_sets=None, allreduce=None):
     if not all(isinstance(s, ProcessSet) for s in sets):
         raise ValueError(f"init(process_sets=...) takes a list of hvd.ProcessSet, got "
                          f"{process_sets!r}")
-    world = World(MPI.COMM_WORLD if comm is None else comm, algo)
+    comm = MPI.COMM_WORLD if comm is None else comm
+    if algo == "auto":
+        from ..collectives import auto
+
+        if not auto.in_use():
+            # Collective: rank 0 reads the file, and a missing one is the same error on every
+            # rank, before any operation could leave a rank waiting.
+            auto.use(auto.load(auto.profile_path(), comm))
+    world = World(comm, algo)
     _STATE["world"] = world
     if algo == "horovod":
         from .horovod_backend import HorovodBackend

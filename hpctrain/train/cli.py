@@ -1,6 +1,7 @@
 """``hpctrain train``: read the configuration, then run the training loop on every rank."""
 
 import argparse
+import os
 
 from ..errors import UsageError
 from ..runtime import agree
@@ -20,7 +21,8 @@ EPILOG = f"""\
 configuration keys (in a TOML file as key = value, or as --key=value / --key value):
 {describe_keys()}
 
-Values: defaults < --config FILE < command line. --batch-size is per rank.
+Values: defaults < environment ($HPCTRAIN_ALLREDUCE, $HPCTRAIN_ALLREDUCE_PROFILE) <
+--config FILE < command line. --batch-size is per rank.
 """
 
 
@@ -59,7 +61,7 @@ def run(args):
     ranks that could build theirs agree with it there, so every rank ends the same way.
     """
     try:
-        config = load_config(args.config, parse_overrides(args.overrides))
+        config = load_config(args.config, parse_overrides(args.overrides), os.environ)
     except UsageError as exc:
         from mpi4py import MPI
 

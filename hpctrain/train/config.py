@@ -1,7 +1,9 @@
 """The training configuration: one typed dataclass, a TOML file and command-line overrides.
 
-Precedence: the defaults below < ``--config FILE`` (TOML, flat ``key = value``) <
-``--key=value`` / ``--key value`` on the command line. Keys may be spelled with ``-`` or
+Precedence: the defaults below < the environment (``HPCTRAIN_ALLREDUCE``,
+``HPCTRAIN_ALLREDUCE_PROFILE``: the variables ``hpctrain.torch`` reads too, so that one launch
+line chooses for both) < ``--config FILE`` (TOML, flat ``key = value``) < ``--key=value`` /
+``--key value`` on the command line. Keys may be spelled with ``-`` or
 ``_``. An unknown key or an invalid value raises ``UsageError`` naming the valid keys or
 values; this happens on every rank, from the same input, before any collective, so a bad
 option ends every rank alike instead of leaving some waiting for the others.
@@ -12,12 +14,13 @@ The defaults train the digits MLP; ``configs/digits.toml`` spells them out.
 import dataclasses
 import json
 import math
+import os
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from .. import plugins
-from ..collectives import ALGORITHMS
+from ..collectives import ALGORITHMS, DEFAULT_ALLREDUCE, ENV_ALLREDUCE, auto
 from ..errors import UsageError
 
 try:
@@ -38,11 +41,12 @@ MODELS = ("mlp", "cnn", "wide")
 NONFINITE = ("error", "skip")
 
 
-def _key(default, help, *, choices=None, minimum=None, below=None, positive=False, flag=None):
+def _key(default, help, *, choices=None, minimum=None, below=None, positive=False, flag=None,
+         env=None):
     # minimum: value >= minimum; below: value < below; positive: value > 0;
-    # flag: the value of a bare ``--key`` with no value.
+    # flag: the value of a bare ``--key`` with no value; env: a variable that sets it.
     meta = {"help": help, "choices": choices, "minimum": minimum, "below": below,
-            "positive": positive, "flag": flag}
+            "positive": positive, "flag": flag, "env": env}
     return field(default=default, metadata=meta)
 
 
@@ -100,12 +104,13 @@ class TrainConfig:
     # --- communication ---------------------------------------------------------------------
     regime: str = _key("allreduce", "allreduce (synchronous), ps (synchronous parameter "
                                     "server), ps-sharded, async-ps", choices=REGIMES)
-    allreduce: str = _key("horovod", "how --regime allreduce averages gradients (auto: "
-                                     "per bucket size, from --allreduce-profile)",
-                          choices=ALLREDUCE)
-    allreduce_profile: str = _key("runs/study-allreduce/params.json",
+    allreduce: str = _key(DEFAULT_ALLREDUCE, "how --regime allreduce averages gradients "
+                                             "(auto: per bucket size, from "
+                                             "--allreduce-profile)",
+                          choices=ALLREDUCE, env=ENV_ALLREDUCE)
+    allreduce_profile: str = _key(auto.DEFAULT_PROFILE,
                                   "the profile --allreduce auto chooses from: params.json "
-                                  "of `hpctrain study allreduce`")
+                                  "of `hpctrain study allreduce`", env=auto.ENV_PROFILE)
     bucket_mb: float = _key(4.0, "gradient bucket (fusion buffer) size in MB", positive=True)
     overlap: bool = _key(True, "reduce buckets during backward on a communication thread",
                          flag=True)
@@ -163,18 +168,21 @@ def describe_keys():
         choices = f.metadata["choices"]
         kind = "{" + ",".join(choices) + "}" if choices else f.type.__name__.upper()
         default = _toml_value(f.default)
-        lines.append(f"  --{f.name.replace('_', '-')} {kind} = {default}\n"
+        env = f" (or ${f.metadata['env']})" if f.metadata["env"] else ""
+        lines.append(f"  --{f.name.replace('_', '-')} {kind} = {default}{env}\n"
                      f"      {f.metadata['help']}")
     return "\n".join(lines)
 
 
-def load_config(path=None, overrides=()):
-    """The configuration from defaults, the TOML file ``path`` and ``overrides``.
+def load_config(path=None, overrides=(), environ=None):
+    """The configuration from defaults, ``environ``, the TOML file ``path`` and ``overrides``.
 
-    ``overrides`` is a sequence of ``(key, text)`` pairs from the command line; ``text`` is
-    ``None`` for a bare ``--key``. Raises ``UsageError`` for unknown keys and bad values.
+    ``environ`` (``os.environ`` for a run started from the command line; ``None`` where a
+    recorded configuration is rebuilt) sets the keys that name a variable. ``overrides`` is
+    a sequence of ``(key, text)`` pairs from the command line; ``text`` is ``None`` for a
+    bare ``--key``. Raises ``UsageError`` for unknown keys and bad values.
     """
-    values = {}
+    values = environment_values(environ or {})
     if path is not None:
         for key, value in read_toml(path).items():
             name = _known(key, f"in {path}")
@@ -183,6 +191,24 @@ def load_config(path=None, overrides=()):
         name = _known(key, "on the command line")
         values[name] = _from_text(_field(name), text)
     return TrainConfig(**values)
+
+
+def environment_values(environ):
+    """``{key: value}`` for the keys whose variable ``environ`` sets (to a non-empty value);
+    ``UsageError`` naming the variable for a bad value."""
+    values = {}
+    for f in fields(TrainConfig):
+        variable = f.metadata["env"]
+        text = environ.get(variable) if variable else None
+        if not text:
+            continue
+        try:
+            value = _from_text(f, text)
+            _check_value(f, value)
+        except UsageError as exc:
+            raise UsageError(f"{variable}={text!r} (the environment): {exc}") from None
+        values[f.name] = value
+    return values
 
 
 def read_toml(path):
