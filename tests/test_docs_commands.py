@@ -16,7 +16,6 @@ instead of on a newcomer's terminal.
 
 import re
 import shlex
-from pathlib import Path
 
 import pytest
 

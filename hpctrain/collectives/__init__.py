@@ -60,8 +60,9 @@ from .driver import allreduce, allreduce_fused
 from .dtypes import DTYPES, OPS
 
 __all__ = ["ALGORITHMS", "COLLECTIVES", "DEFAULT_ALLREDUCE", "ENV_ALLREDUCE", "REGISTRIES",
-           "auto", "cost", "DTYPES", "OPS", "Algorithm", "MismatchError", "allgather", "allreduce", "allreduce_fused",
-           "alltoall", "available", "broadcast", "companion", "context", "reduce_scatter"]
+           "auto", "cost", "DTYPES", "OPS", "Algorithm", "MismatchError", "allgather",
+           "allreduce", "allreduce_fused", "alltoall", "available", "broadcast", "companion",
+           "context", "reduce_scatter"]
 
 
 def available(collective="allreduce"):

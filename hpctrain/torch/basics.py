@@ -6,9 +6,10 @@ environment variable ``HPCTRAIN_ALLREDUCE``, else ``ring`` (as ``hpctrain train`
 ``collectives.DEFAULT_ALLREDUCE``); the names are those of
 ``hpctrain.collectives.available()``, or ``auto`` (chosen per bucket size from the profile
 given to ``hpctrain.collectives.auto.use``, or else loaded by ``init`` from
-``$HPCTRAIN_ALLREDUCE_PROFILE``, default ``runs/study-allreduce/params.json``). The other collectives use the algorithm of their
-own family that goes with it (``hpctrain.collectives.companion``: ring with ring, butterfly
-with recursive doubling and halving, ...).
+``$HPCTRAIN_ALLREDUCE_PROFILE``, default ``runs/study-allreduce/params.json``). The other
+collectives use the algorithm of their own family that goes with it
+(``hpctrain.collectives.companion``: ring with ring, butterfly with recursive doubling and
+halving, ...).
 
 The backend is chosen here, once: hpctrain's own engine (:mod:`hpctrain.torch.engine`, one
 communication thread that pairs operations across ranks by name, as Horovod does), or, for

@@ -14,7 +14,6 @@ The defaults train the digits MLP; ``configs/digits.toml`` spells them out.
 import dataclasses
 import json
 import math
-import os
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
