@@ -73,14 +73,20 @@ def job_env(tmp_path):
     (venv / "bin" / "activate").write_text(f'PATH="{stubs}:$PATH"\n')
     return {"PATH": os.environ["PATH"], "HPCTRAIN_VENV": str(venv), "SLURM_SUBMIT_DIR": str(REPO),
             "SLURM_JOB_ID": "7", "SLURM_JOB_NAME": "job", "SLURM_NTASKS": "6",
-            "SLURM_NTASKS_PER_NODE": "3(x2)", "SLURM_JOB_NUM_NODES": "2",
+            "SLURM_NTASKS_PER_NODE": "3(x2)", "SLURM_TASKS_PER_NODE": "3(x2)",
+            "SLURM_JOB_NUM_NODES": "2",
             "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_CPUS_PER_TASK": "2"}
 
 
-def run_job(script, env, launcher=None):
+#: Arguments a batch script needs after its name (the user's script of jobs/run.sbatch).
+SCRIPT_ARGS = {"run.sbatch": ["examples/horovod_style.py", "--epochs", "2"]}
+
+
+def run_job(script, env, launcher=None, args=None):
     """Run the batch script with bash, as sbatch would on the first node; its output."""
     env = {**env, **({"HPCTRAIN_LAUNCHER": launcher} if launcher else {})}
-    return subprocess.run(["bash", str(script)], env=env, cwd=REPO, capture_output=True,
+    args = SCRIPT_ARGS.get(script.name, []) if args is None else args
+    return subprocess.run(["bash", str(script), *args], env=env, cwd=REPO, capture_output=True,
                           text=True, timeout=60)
 
 
@@ -127,7 +133,80 @@ def test_study_job_hands_its_launcher_to_the_study(job_env):
     assert done.returncode == 0, done.stderr
     assert "# study at 3,6 ranks (3 per node)" in done.stdout
     assert (f"python -m hpctrain study allreduce --launcher mpirun {MPIRUN_FLAGS} --np 3,6 "
-            f"--out runs/job-7\n") in done.stdout
+            f"--ranks-per-node 3 --out runs/job-7\n") in done.stdout
+
+
+def test_study_job_of_one_task_per_node_starts_at_two_nodes(job_env):
+    # An allreduce needs two ranks: 1 task per node sweeps 2, 4 nodes, not 1.
+    one = {**job_env, "SLURM_NTASKS": "4", "SLURM_NTASKS_PER_NODE": "1(x4)",
+           "SLURM_TASKS_PER_NODE": "1(x4)", "SLURM_JOB_NUM_NODES": "4"}
+    done = run_job(JOBS / "study.sbatch", one)
+    assert done.returncode == 0, done.stderr
+    assert "--np 2,4 --ranks-per-node 1 " in done.stdout, done.stdout
+
+
+# --- jobs/run.sbatch: the user's own script ---------------------------------------------------
+
+def test_run_job_starts_the_users_script_with_its_arguments_under_the_guard(job_env):
+    done = run_job(JOBS / "run.sbatch", job_env)
+    assert done.returncode == 0, done.stderr
+    assert ("srun --mpi=pmix --kill-on-bad-exit=1 python -m mpi4py examples/horovod_style.py "
+            "--epochs 2\n") in done.stdout
+    mpirun = run_job(JOBS / "run.sbatch", job_env, launcher="mpirun")
+    assert (f"mpirun -np 6 {MPIRUN_FLAGS} python -m mpi4py examples/horovod_style.py "
+            f"--epochs 2\n") in mpirun.stdout, mpirun.stdout
+
+
+def test_run_job_without_the_guard_when_it_is_turned_off(job_env):
+    done = run_job(JOBS / "run.sbatch", {**job_env, "HPCTRAIN_ABORT_ON_ERROR": "0"})
+    assert done.returncode == 0, done.stderr
+    assert "=1 python examples/horovod_style.py --epochs 2\n" in done.stdout, done.stdout
+
+
+def test_mpirun_hands_hpctrains_settings_to_the_ranks(job_env):
+    # srun passes the whole environment; mpirun only what -x names (hosts started over ssh).
+    env = {**job_env, "HPCTRAIN_ALLREDUCE": "tree", "HPCTRAIN_SEGMENT_BYTES": "0",
+           "HPCTRAIN_ARGS": "--epochs 1"}
+    done = run_job(JOBS / "run.sbatch", env, launcher="mpirun")
+    assert done.returncode == 0, done.stderr
+    assert (f"mpirun -np 6 {MPIRUN_FLAGS} -x HPCTRAIN_ALLREDUCE -x HPCTRAIN_SEGMENT_BYTES "
+            f"python -m mpi4py") in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize("args, error", [
+    ([], "error: no script given: sbatch [OPTIONS] jobs/run.sbatch SCRIPT.py [ARGS...]"),
+    (["no_such_script.py", "--epochs", "2"], f"error: no script 'no_such_script.py' in {REPO}"),
+], ids=["no-script", "missing-script"])
+def test_run_job_refuses_bad_input_before_any_rank_starts(job_env, args, error):
+    for launcher in ("srun", "mpirun"):
+        done = run_job(JOBS / "run.sbatch", job_env, launcher=launcher, args=args)
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert error in done.stderr and done.stderr.count("error:") == 1, done.stderr
+        assert launcher not in done.stdout, "a launch started after bad input"
+
+
+def test_run_job_on_gpus_shows_every_task_its_nodes_gpus(job_env):
+    gpus = {**job_env, "SLURM_GPUS_ON_NODE": "4", "SLURM_GPUS_PER_TASK": "1"}
+    done = run_job(JOBS / "run.sbatch", gpus)
+    assert done.returncode == 0, done.stderr
+    assert "python -c import horovod.torch" in done.stdout, "gpu-env.sh not sourced"
+    assert "srun --mpi=pmix --kill-on-bad-exit=1 --gpu-bind=none python -m mpi4py " \
+        in done.stdout, done.stdout
+    # A binding the job asked for is its own.
+    closest = run_job(JOBS / "run.sbatch", {**gpus, "SLURM_GPU_BIND": "closest"})
+    assert "--gpu-bind=closest python" in closest.stdout, closest.stdout
+    # A CPU job neither binds GPUs nor loads the GPU settings.
+    cpu = run_job(JOBS / "run.sbatch", job_env)
+    assert "--gpu-bind" not in cpu.stdout and "horovod.torch" not in cpu.stdout, cpu.stdout
+
+
+def test_run_job_refuses_more_tasks_than_gpus_on_a_node(job_env):
+    # --ntasks-per-node=3 --gpus-per-node=2: one rank per GPU cannot be.
+    done = run_job(JOBS / "run.sbatch", {**job_env, "SLURM_GPUS_ON_NODE": "2",
+                                         "SLURM_GPUS_PER_NODE": "2"})
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "error: 3 tasks on" in done.stderr and "but 2 GPUs" in done.stderr, done.stderr
+    assert "srun" not in done.stdout
 
 
 def test_mpijob_structure():

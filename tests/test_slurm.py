@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import note_launch
+
 REPO = Path(__file__).resolve().parents[1]
 SLURM_LOCAL = REPO / "scripts" / "slurm-local"
 JOB_TIMEOUT = 240  # s
@@ -57,10 +59,14 @@ def slurm_env():
         subprocess.run([SLURM_LOCAL, "down"], capture_output=True, timeout=SCRIPT_TIMEOUT)
 
 
-def submit(env, script, tmp_path, *options, extra_env=None):
-    """``sbatch --wait`` the script from the project root; return (exit code, job output)."""
+def submit(env, script, tmp_path, *options, extra_env=None, args=(), via=()):
+    """``sbatch --wait`` the script (with ``args`` after it) from the project root; return
+    (exit code, job output). ``via``: a command prefix that runs Slurm's commands where they
+    reach slurmctld (``scripts/slurm-local exec --vcluster``)."""
+    note_launch()  # scripts/flake-gate repeats the tests that submit jobs
     out = tmp_path / "job.out"
-    argv = ["sbatch", "--wait", "--parsable", f"--output={out}", *options, str(script)]
+    argv = [*via, "sbatch", "--wait", "--parsable", f"--output={out}", *options, str(script),
+            *args]
     proc = subprocess.Popen(argv, cwd=REPO, env={**env, **(extra_env or {})}, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
@@ -71,7 +77,7 @@ def submit(env, script, tmp_path, *options, extra_env=None):
         stdout = proc.communicate(timeout=30)[0]
         job = stdout.strip().split(";")[0]
         if job.isdigit():
-            subprocess.run(["scancel", job], env=env, timeout=30)
+            subprocess.run([*via, "scancel", job], env=env, timeout=30)
         pytest.fail(f"`{' '.join(argv)}` did not finish within {JOB_TIMEOUT} s (job {job} "
                     f"cancelled). Output:\n{out.read_text() if out.exists() else stdout}")
     return proc.returncode, out.read_text() if out.exists() else stdout
@@ -113,7 +119,7 @@ def test_bench_job_prints_its_table(slurm_env, tmp_path):
 def test_a_failing_job_fails_in_slurm_too(slurm_env, tmp_path):
     code, output = submit(slurm_env, "jobs/info.sbatch", tmp_path, "--nodes=1",
                           "--ntasks-per-node=2", extra_env={"HPCTRAIN_FAULT": "info.gather@1"})
-    assert code != 0
+    assert code != 0, output
     assert "[hpctrain] rank 1 of 2" in output
 
 

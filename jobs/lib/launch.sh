@@ -22,6 +22,21 @@ fi
 # consecutive ranks, as srun does; -x hands PATH and LD_LIBRARY_PATH (this job's environment)
 # to the ranks on every node. The transport stays Open MPI's choice, or OMPI_MCA_pml's.
 mpirun_flags=(-bind-to none -map-by slot -x PATH -x LD_LIBRARY_PATH)
+# hpctrain's settings for the ranks (HPCTRAIN_ALLREDUCE, HPCTRAIN_SEGMENT_BYTES, ...), those
+# this job has: srun hands every task the whole environment, mpirun only what -x names. The
+# job's own (HPCTRAIN_ARGS, HPCTRAIN_VENV, HPCTRAIN_LAUNCHER) are read here, not by ranks.
+for name in $(compgen -e); do
+    case $name in
+        HPCTRAIN_ARGS | HPCTRAIN_VENV | HPCTRAIN_LAUNCHER) ;;
+        HPCTRAIN_*) mpirun_flags+=(-x "$name") ;;
+    esac
+done
+
+# job_gpus: the GPUs the allocation gave this node, whichever option asked for them
+# (--gpus-per-task, --gpus-per-node, --gres=gpu:N, --gpus); 0 in a CPU job.
+job_gpus() {
+    echo "${SLURM_GPUS_ON_NODE:-0}"
+}
 
 # launcher_prefix: the launcher as a command prefix that takes -np N, for a program that
 # starts its own steps (jobs/study.sbatch); for srun the bare name, which the study completes
@@ -39,12 +54,19 @@ launcher_error() {
 }
 
 launch() {
+    local gpu_bind=()
+    # In a GPU job every task sees all of its node's GPUs (--gpu-bind=none), so that a rank
+    # takes the one of its node-local rank (`torch.cuda.set_device(hvd.local_rank())`,
+    # `--device cuda`) and reaches the others directly (CUDA IPC); under --gpus-per-task Slurm
+    # would show each task its own GPU only, as device 0, and local rank 1 would find no GPU 1.
+    # A --gpu-bind that the job gives (SLURM_GPU_BIND) is kept.
+    if [ "$(job_gpus)" -gt 0 ]; then gpu_bind=("--gpu-bind=${SLURM_GPU_BIND:-none}"); fi
     case ${HPCTRAIN_LAUNCHER:-srun} in
         # srun starts one task per rank and wires them up through PMIx: no hostfile, and the
         # counts come from the allocation (SLURM_NTASKS, SLURM_NTASKS_PER_NODE). A task that
         # exits non-zero ends the whole step at once (--kill-on-bad-exit): its peers would
         # otherwise wait for it in a collective until the time limit.
-        srun) srun --mpi=pmix --kill-on-bad-exit=1 "$@" ;;
+        srun) srun --mpi=pmix --kill-on-bad-exit=1 "${gpu_bind[@]}" "$@" ;;
         # Open MPI's mpirun reads the Slurm allocation itself; -np is given only so that the
         # log shows it. mpirun ends the job when one rank fails. It starts its daemons with
         # srun, one task per node, which would read SLURM_GPUS_PER_TASK (--gpus-per-task=1)
