@@ -77,7 +77,8 @@ def horovod_build():
         import horovod.torch as hvd
         from horovod.common.util import extension_available
     except ImportError as exc:
-        return {"error": f"not importable ({exc}); scripts/setup builds it"}
+        return {"error": f"not importable ({exc}); optional: scripts/setup builds it "
+                         f"(unless --no-horovod), or scripts/build-horovod"}
     names = {"tensorflow": "TensorFlow", "torch": "PyTorch", "mxnet": "MXNet"}
     frameworks = [label for ext, label in names.items() if extension_available(ext)]
     controllers = [name for name, built in (("MPI", hvd.mpi_built()),

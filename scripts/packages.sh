@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# What the set-up installs, in one place: sourced by scripts/setup (which installs it) and
-# scripts/bundle (which downloads it for a machine without network).
+# What the set-up installs, in one place: sourced by scripts/setup (which installs it),
+# scripts/bundle (which downloads it for a machine without network) and scripts/test.
 # shellcheck disable=SC2034  # the variables are used by the scripts that source this file
 
 HOROVOD_VERSION=0.28.1
@@ -13,6 +13,18 @@ MPI4PY_SPEC="mpi4py>=4.0"
 # Horovod's build runs without isolation: what it imports must be in the environment. cffi
 # and pycparser are Horovod's own setup requirements.
 BUILD_PACKAGES=("setuptools<81" wheel packaging cloudpickle psutil pyyaml cffi pycparser numpy)
+# PyTorch's index of CPU builds (X+cpu): on Linux, PyPI's torch is the CUDA build with GBs of
+# CUDA libraries, useless to the CPU stack. As an extra index, its X+cpu outranks PyPI's X.
+TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
+# PyPI's cmake for Horovod's build where the machine has none (or one older than Horovod's
+# 3.13): below 4, which dropped compatibility with the older minimums of Horovod's sources.
+CMAKE_SPEC="cmake>=3.13,<4"
+# Not a user's requirement: hpctrain study's fat-tree simulation needs SimGrid (and says so
+# when it is missing). scripts/setup installs it where it installs anything: as root on Debian.
+OPTIONAL_DEBIAN_PACKAGES=(python3-simgrid)
+# Only the tests need these (scripts/test installs them, as root on Debian): shellcheck lints
+# the scripts; Lmod gives tests/test_install_nonroot.py an environment module, as on a cluster.
+TEST_DEBIAN_PACKAGES=(shellcheck lmod python3-simgrid)
 
 # project_requirements PYTHON REPO: hpctrain's dependencies and test extras (pyproject.toml),
 # one per line, without torch and mpi4py (installed as above).
@@ -29,4 +41,29 @@ for spec in project["dependencies"] + project["optional-dependencies"]["test"]:
     if name not in ("torch", "mpi4py"):
         print(spec)
 PY
+}
+
+# is_debian OS_RELEASE: this is Debian or a derivative (Ubuntu, ...), as the os-release file
+# says (ID or ID_LIKE), where apt-get and the Debian package names apply.
+is_debian() {
+    local file=$1
+    [ -r "$file" ] || return 1
+    # shellcheck disable=SC1090  # the system's os-release, sourced as its format intends
+    ( . "$file"; case " ${ID:-} ${ID_LIKE:-} " in *" debian "*|*" ubuntu "*) exit 0 ;; esac
+      exit 1 )
+}
+
+# debian_missing PACKAGE...: those of the Debian packages that are not installed, one a line.
+debian_missing() {
+    local pkg
+    for pkg in "$@"; do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" ||
+            echo "$pkg"
+    done
+}
+
+# apt_install PACKAGE...: install Debian packages (as root; the caller checks that it is).
+apt_install() {
+    apt-get update -qq &&
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
 }
