@@ -26,13 +26,14 @@ def run(args, env=None, timeout=120):
 @pytest.fixture
 def no_cuda(tmp_path):
     """An environment with no nvcc, no nvidia-smi and no CUDA prefix: PATH has only the
-    system's directories, less any stand-in for them."""
+    system's tools that the scripts use (cmake among them: build-horovod checks it first),
+    less any stand-in for them."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for tool in ("bash", "python3", "tar", "sed", "grep", "mktemp", "rm", "dirname", "cat",
                  "nproc", "ldconfig", "awk", "sort", "paste", "tr", "readlink", "mkdir", "ln",
                  "sha256sum", "cut", "head", "id", "dpkg-query", "ompi_info", "mpirun", "bzip2",
-                 "xz", "gzip", "ls", "basename"):
+                 "xz", "gzip", "ls", "basename", "cmake"):
         found = shutil.which(tool)
         if found and "nvcc" not in found:
             (bin_dir / tool).symlink_to(found)
