@@ -239,6 +239,12 @@ def _run_allreduce(args):
 
 
 def _run_plan(args):
+    # --against compares the plan with measured runs; plan_against builds on plan, so the
+    # choice between the two is made here, above both.
+    if args.against:
+        from . import plan_against
+
+        return plan_against.run(args)
     from . import plan
 
     return plan.run(args)

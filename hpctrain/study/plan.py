@@ -340,10 +340,6 @@ def run(args):
     """``study plan``: the tables on stdout, and summary.md, plan.json and plots in --out."""
     if args.horovod_benchmark:
         return _run_horovod_benchmark(args)
-    if args.against:
-        from . import plan_against
-
-        return plan_against.run(args)
     if not args.model:
         raise UsageError("give --model (e.g. resnet50), --horovod-benchmark or --against "
                          "TRAIN_DIR")

@@ -31,12 +31,13 @@ from functools import wraps
 
 from . import ops as _ops
 from .basics import (algorithm, backend, ccl_built, cross_rank, cross_size, cuda_built,
-                     ddl_built, gloo_built, gloo_enabled, init, is_homogeneous, is_initialized,
+                     ddl_built, gloo_built, gloo_enabled, is_homogeneous, is_initialized,
                      local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported,
                      nccl_built, rank, rocm_built, shutdown, size)
 from .compression import Compression
 from .ddp import comm_hook, init_process_group
 from .engine import HorovodInternalError
+from .lifecycle import init
 from .ops import Adasum, Average, Max, Min, Product, Sum
 from .process_sets import ProcessSet, global_process_set
 from . import functions as _functions

@@ -1,6 +1,8 @@
-"""Start-up, the world, and the backend every call goes through.
+"""The world (communicators, ranks, process sets, the engine), the backend every call goes
+through, and the queries and shutdown; the bottom layer of the package, below the operations.
 
-``init(comm=None, process_sets=None, allreduce=None)`` is collective over ``comm`` (default
+``init(comm=None, process_sets=None, allreduce=None)`` (in :mod:`.lifecycle`, above the
+operations, which it wires to the world) is collective over ``comm`` (default
 ``COMM_WORLD``). The allreduce algorithm is, in order: the ``allreduce=`` argument, the
 environment variable ``HPCTRAIN_ALLREDUCE``, else ``ring`` (as ``hpctrain train``: both take
 ``collectives.DEFAULT_ALLREDUCE``); the names are those of
@@ -11,7 +13,7 @@ collectives use the algorithm of their own family that goes with it
 (``hpctrain.collectives.companion``: ring with ring, butterfly with recursive doubling and
 halving, ...).
 
-The backend is chosen here, once: hpctrain's own engine (:mod:`hpctrain.torch.engine`, one
+The backend is chosen once, at ``init``: hpctrain's own engine (:mod:`hpctrain.torch.engine`, one
 communication thread that pairs operations across ranks by name, as Horovod does), or, for
 ``horovod``, the real ``horovod.torch``, to which every call of the package is handed.
 """
@@ -21,9 +23,8 @@ import os
 import threading
 
 from .engine import Engine
-from .process_sets import ProcessSet, global_process_set
+from .process_sets import global_process_set
 from ..collectives.algorithm import DEFAULT_ALLREDUCE, ENV_ALLREDUCE
-from ..runtime import guard
 
 
 _STATE = {}
@@ -35,7 +36,9 @@ class World:
     """What ``init`` sets up: the communicators, the ranks, the algorithm, the process sets
     and the engine (or the Horovod module every call is handed to)."""
 
-    def __init__(self, comm, algo):
+    def __init__(self, comm, algo, joined_allreduce):
+        # joined_allreduce(world) -> the engine's handler for a joined rank's allreduce; given
+        # by init, which sits above the operations (this module sits below them).
         from mpi4py import MPI
 
         self.user_comm = comm
@@ -58,6 +61,7 @@ class World:
         self.sets = {0: global_process_set}
         self._engine = None
         self._engine_lock = threading.Lock()
+        self._joined_allreduce = joined_allreduce
         if algo != "horovod":
             self._start_engine()
 
@@ -75,11 +79,10 @@ class World:
         return self._engine if self._engine is not None else self._start_engine()
 
     def _start_engine(self):
-        from .ops.allreduce import joined_allreduce
-
         with self._engine_lock:
             if self._engine is None:
-                self._engine = Engine(self.comm, self.sets, {"allreduce": joined_allreduce(self)})
+                self._engine = Engine(self.comm, self.sets,
+                                      {"allreduce": self._joined_allreduce(self)})
         return self._engine
 
     def next_name(self, set_id, prefix="noname"):
@@ -180,53 +183,13 @@ def choose_algorithm(allreduce):
     return allreduce
 
 
-def init(comm=None, process_sets=None, allreduce=None):
-    """Start hpctrain.torch over ``comm`` (an mpi4py communicator, default ``COMM_WORLD``).
-
-    Synchronisation point: collective over ``comm``. A second call does nothing (as in
-    Horovod). ``process_sets``: :class:`ProcessSet` objects to register now, in order (the
-    same on every rank), or ``"dynamic"`` (sets may be added later either way).
-    ``allreduce`` picks the algorithm; see the module docstring.
-
-    It also installs the guard of ``python -m hpctrain`` (:func:`hpctrain.runtime.guard`): an
-    exception that no code catches, on any rank, prints that rank's traceback and ends every
-    rank (``MPI_Abort``), where Horovod would leave the others waiting in their next
-    collective. ``HPCTRAIN_ABORT_ON_ERROR=0`` leaves ``sys.excepthook`` as it was.
-    """
-    if "world" in _STATE:
-        return
-    guard()
-    algo = choose_algorithm(allreduce)
-    from mpi4py import MPI
-
-    if isinstance(comm, (list, tuple)):
-        raise NotImplementedError("init(comm=[ranks]) (a subset of ranks) is not supported: "
-                                  "pass an mpi4py communicator made with Comm.Split, or use "
-                                  "process sets (init(process_sets=[hvd.ProcessSet(ranks)]))")
-    sets = [] if process_sets in (None, "dynamic") else list(process_sets)
-    if not all(isinstance(s, ProcessSet) for s in sets):
-        raise ValueError(f"init(process_sets=...) takes a list of hvd.ProcessSet, got "
-                         f"{process_sets!r}")
-    comm = MPI.COMM_WORLD if comm is None else comm
-    if algo == "auto":
-        from ..collectives import auto
-
-        if not auto.in_use():
-            # Collective: rank 0 reads the file, and a missing one is the same error on every
-            # rank, before any operation could leave a rank waiting.
-            auto.use(auto.load(auto.profile_path(), comm))
-    world = World(comm, algo)
-    _STATE["world"] = world
-    if algo == "horovod":
-        from .horovod_backend import HorovodBackend
-
-        world.hvd = HorovodBackend(world)
+def adopt(started):
+    """Make ``started`` (a :class:`World`) the world every call uses, and shut it down at
+    exit, so that a rank that finishes early never leaves the others waiting. Called by
+    :func:`hpctrain.torch.lifecycle.init`."""
+    _STATE["world"] = started
     if not _STATE.get("atexit"):
         _STATE["atexit"] = atexit.register(shutdown)
-    from .ops.control import add_process_set
-
-    for pset in sets:
-        add_process_set(pset)
 
 
 def world():

@@ -15,6 +15,7 @@ class HorovodBackend:
         import horovod.torch as hvd
 
         hvd.init(comm=world.user_comm)
+        self.world = world
         self.hvd = hvd
         self._sets = {0: hvd.global_process_set}
 
@@ -36,11 +37,9 @@ class HorovodBackend:
 
     def add_process_set(self, process_set):
         """Register the set with Horovod and number ours alike."""
-        from .basics import world
-
         pset = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
-        theirs = self.hvd.add_process_set(self.hvd.ProcessSet(world().resolve_ranks(pset)))
-        pset._register(theirs.process_set_id, list(theirs.ranks), None, world().rank)
+        theirs = self.hvd.add_process_set(self.hvd.ProcessSet(self.world.resolve_ranks(pset)))
+        pset._register(theirs.process_set_id, list(theirs.ranks), None, self.world.rank)
         self._sets[theirs.process_set_id] = theirs
         return pset
 

@@ -12,8 +12,8 @@ import math
 
 import torch
 
-from .common import (check_tensor, describe_tensors, dtype_name, on_thread, start, submit,
-                     synchronize, where)
+from .common import (Average, check_tensor, describe_tensors, dtype_name, object_call,
+                     on_thread, signature, start, submit, synchronize, where)
 from ..process_sets import global_process_set
 
 
@@ -81,8 +81,6 @@ class _Allgather(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        from .reducescatter import scatter_rows
-
         return (None, None, *scatter_rows([g.contiguous() for g in grads], ctx.rows,
                                           ctx.process_set))
 
@@ -106,7 +104,37 @@ def allgather(tensor, name=None, process_set=global_process_set):
 
 def allgather_object(obj, name=None, process_set=global_process_set):
     """Every rank's ``obj`` (any picklable object), as a list in rank order. A collective."""
-    from .broadcast import object_call
-
     return object_call("allgather_object", name, process_set,
                        lambda comm: comm.allgather(obj))
+
+
+def scatter_rows(grads, rows, process_set):
+    """The gradient of an allgather: the average of ``grads`` (the gathered shape) over the
+    ranks, of which each keeps its own ``rows[i]`` rows of tensor ``i`` — a reduce-scatter
+    whose blocks are the ranks' first dimensions, which each rank tells the others."""
+    from ... import collectives
+
+    w, pset, name = start("allgather (gradient)", None, process_set, lambda: None)
+    algo = w.algorithm_for("reducescatter")
+
+    def work(comm, infos):
+        size = comm.Get_size()
+        outputs = []
+        for i, grad in enumerate(grads):
+            rest = tuple(grad.shape[1:])
+            width = math.prod(rest)
+            mine = infos[comm.Get_rank()][i]
+            out = torch.empty((mine,) + rest, dtype=grad.dtype, device=grad.device)
+            if size == 1:
+                out.copy_(grad)
+            else:
+                collectives.reduce_scatter(grad.detach().clone().view(-1), out.view(-1),
+                                           [r[i] * width for r in infos], op="avg",
+                                           algo=algo, comm=comm)
+            outputs.append(out)
+        return outputs
+
+    agreed = signature("allgather_grad", grads, Average, 1.0, 1.0)
+    return synchronize(submit(w, pset, name, agreed,
+                              describe_tensors("allgather_grad", name, grads),
+                              on_thread(grads, work), info=list(rows)))

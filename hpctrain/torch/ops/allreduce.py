@@ -13,9 +13,10 @@ process set's communicator.
 
 import torch
 
+from .allgather import allgather_async
 from .common import (Adasum, Average, OP_NAMES, Sum, WIDENED, check_tensor, describe_tensors,
-                     dtype_name, on_thread, resolve_op, scaled, start, submit, synchronize,
-                     where)
+                     on_thread, resolve_op, scaled, signature, start, submit,
+                     synchronize)
 from ..compression import Compression
 from ..process_sets import global_process_set
 
@@ -73,11 +74,6 @@ def bucket_signature(count, dtype, device, op, prescale=1.0, postscale=1.0, *ext
             float(prescale), float(postscale)) + tuple(extra)
 
 
-def _signature(kind, tensors, op, prescale, postscale):
-    return (kind, tuple(tuple(t.shape) for t in tensors), tuple(dtype_name(t) for t in tensors),
-            tuple(where(t) for t in tensors), op, float(prescale), float(postscale))
-
-
 def _grouped_async(tensors, outputs, average, name, op, prescale_factor, postscale_factor,
                    process_set, function):
     """Queue the reduction of ``tensors`` into ``outputs`` (the same list: in place)."""
@@ -107,7 +103,7 @@ def _grouped_async(tensors, outputs, average, name, op, prescale_factor, postsca
         return targets if grouped else targets[0]
 
     kind = "allreduce"
-    return submit(w, pset, name, _signature(kind, sources, op, prescale_factor,
+    return submit(w, pset, name, signature(kind, sources, op, prescale_factor,
                                             postscale_factor),
                   describe_tensors(kind, name, sources, op=op), on_thread(sources, work))
 
@@ -238,8 +234,6 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     every rank's indices and values are gathered and summed into one coalesced tensor,
     divided by the number of ranks for ``Average``. Returns a handle whose
     :func:`synchronize` gives the sparse result."""
-    from .allgather import allgather_async
-
     if op not in (Average, Sum):
         raise ValueError("sparse allreduce takes op=hvd.Average or hvd.Sum")
     if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:

@@ -7,8 +7,10 @@ zero elsewhere.
 
 import torch
 
-from .common import (check_tensor, describe_tensors, dtype_name, on_thread, start, submit,
-                     synchronize, where)
+from .allreduce import allreduce
+from .common import (check_tensor, describe_tensors, dtype_name, object_call, on_thread, start,
+                     submit, synchronize, where)
+from ..basics import world
 from ..process_sets import global_process_set
 
 
@@ -90,9 +92,6 @@ class _Broadcast(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        from .allreduce import allreduce
-        from ..basics import world
-
         root_rank, process_set = ctx.args
         reduced = allreduce(grad.contiguous(), average=True, process_set=process_set)
         if world().rank != root_rank:
@@ -105,13 +104,6 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     if isinstance(tensor, torch.Tensor) and tensor.requires_grad:
         return _Broadcast.apply(tensor, root_rank, name, process_set)
     return synchronize(broadcast_async(tensor, root_rank, name, process_set))
-
-
-def object_call(kind, name, process_set, call, extra=()):
-    """Run ``call(comm)`` (a pickled mpi4py collective) as one operation of the set."""
-    w, pset, name = start(kind, name, process_set, lambda: None)
-    return synchronize(submit(w, pset, name, (kind,) + tuple(extra), f"{kind}(name={name!r})",
-                              lambda comm, infos: (call(comm), None)))
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):

@@ -193,3 +193,17 @@ def scaled(tensor, factor):
     wide = torch.float32 if tensor.dtype.is_floating_point else torch.float64
     tensor.copy_(tensor.to(wide).mul_(factor))
     return tensor
+
+
+def signature(kind, tensors, op, prescale, postscale):
+    """What every rank must agree on for one operation over ``tensors`` (the mismatch check):
+    its kind, shapes, dtypes, devices, op and scale factors."""
+    return (kind, tuple(tuple(t.shape) for t in tensors), tuple(dtype_name(t) for t in tensors),
+            tuple(where(t) for t in tensors), op, float(prescale), float(postscale))
+
+
+def object_call(kind, name, process_set, call, extra=()):
+    """Run ``call(comm)`` (a pickled mpi4py collective) as one operation of the set."""
+    w, pset, name = start(kind, name, process_set, lambda: None)
+    return synchronize(submit(w, pset, name, (kind,) + tuple(extra), f"{kind}(name={name!r})",
+                              lambda comm, infos: (call(comm), None)))

@@ -12,9 +12,9 @@ import math
 
 import torch
 
-from .allreduce import _signature
+from .allgather import grouped_allgather
 from .common import (Average, OP_NAMES, Sum, WIDENED, check_tensor, describe_tensors,
-                     on_thread, resolve_op, scaled, start, submit, synchronize)
+                     on_thread, resolve_op, scaled, signature, start, submit, synchronize)
 from ..process_sets import global_process_set
 
 
@@ -80,7 +80,7 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
         out = scatter_into(comm, algo, tensors, op, prescale_factor, postscale_factor)
         return out[0] if single else out
 
-    return submit(w, pset, name, _signature("reducescatter", tensors, op, prescale_factor,
+    return submit(w, pset, name, signature("reducescatter", tensors, op, prescale_factor,
                                             postscale_factor),
                   describe_tensors("reducescatter", name, tensors, op=op),
                   on_thread(tensors, work))
@@ -102,8 +102,6 @@ class _Reducescatter(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        from .allgather import grouped_allgather
-
         op, process_set, prescale, postscale = ctx.args
         factor = (process_set.size() if op == Sum else 1) * prescale * postscale
         grads = [g.contiguous() * factor if factor != 1 else g.contiguous() for g in grads]
@@ -132,35 +130,3 @@ def reducescatter(tensor, name=None, compression=None, op=Average,
     return synchronize(grouped_reducescatter_async([tensor], name, op, process_set,
                                                    prescale_factor, postscale_factor,
                                                    "reducescatter", single=True))
-
-
-def scatter_rows(grads, rows, process_set):
-    """The gradient of an allgather: the average of ``grads`` (the gathered shape) over the
-    ranks, of which each keeps its own ``rows[i]`` rows of tensor ``i`` — a reduce-scatter
-    whose blocks are the ranks' first dimensions, which each rank tells the others."""
-    from ... import collectives
-
-    w, pset, name = start("allgather (gradient)", None, process_set, lambda: None)
-    algo = w.algorithm_for("reducescatter")
-
-    def work(comm, infos):
-        size = comm.Get_size()
-        outputs = []
-        for i, grad in enumerate(grads):
-            rest = tuple(grad.shape[1:])
-            width = math.prod(rest)
-            mine = infos[comm.Get_rank()][i]
-            out = torch.empty((mine,) + rest, dtype=grad.dtype, device=grad.device)
-            if size == 1:
-                out.copy_(grad)
-            else:
-                collectives.reduce_scatter(grad.detach().clone().view(-1), out.view(-1),
-                                           [r[i] * width for r in infos], op="avg",
-                                           algo=algo, comm=comm)
-            outputs.append(out)
-        return outputs
-
-    signature = _signature("allgather_grad", grads, Average, 1.0, 1.0)
-    return synchronize(submit(w, pset, name, signature,
-                              describe_tensors("allgather_grad", name, grads),
-                              on_thread(grads, work), info=list(rows)))
