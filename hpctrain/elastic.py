@@ -1,0 +1,120 @@
+"""What the elastic launcher and the ranks' ``hvd.elastic.run`` share: settings in the
+environment, the job's state folder and its files, exit statuses. No MPI, no torch: the
+launcher (:mod:`hpctrain.launch`) imports it before any rank exists.
+
+An elastic job keeps going when ranks are lost, in one of two ways:
+
+- **in place**, on an MPI with fault tolerance (ULFM, Open MPI 5 under ``mpirun --with-ft
+  ulfm``): the survivors revoke the world, shrink it and go on from the last commit
+  (:mod:`hpctrain.torch.elastic`);
+- **by restart**, on any MPI: the job ends, and ``python -m hpctrain.launch --elastic``
+  starts it again on the hosts that are left, from the last commit, which rank 0 saved in
+  the state folder.
+
+The state folder (``HPCTRAIN_ELASTIC_DIR``) holds
+
+- ``state.pt``: the last committed state (written by rank 0 at every ``commit``, atomically);
+- ``hosts.json``: ``{"version": N, "hosts": [[host, slots], ...]}``, written by the launcher
+  when the hosts change; a rank's ``commit`` that sees a newer version than the one its job
+  started with raises ``HostsUpdatedInterrupt`` on every rank;
+- ``events.jsonl``: one JSON object per line, appended by the launcher and by rank 0 (what
+  happened when: a launch, an exit, a shrink, a restored commit), from which the cost of a
+  failure is measured.
+"""
+
+import json
+import os
+import time
+from pathlib import Path
+
+from .data.atomic import atomic_path
+
+#: The state folder of the job (set by the launcher; a script may set it itself).
+ENV_DIR = "HPCTRAIN_ELASTIC_DIR"
+#: The fewest ranks the job may go on with.
+ENV_MIN_NP = "HPCTRAIN_ELASTIC_MIN_NP"
+#: The most ranks the job may use.
+ENV_MAX_NP = "HPCTRAIN_ELASTIC_MAX_NP"
+#: How many times the launcher has started the job before this start (0 the first time).
+ENV_RESTART = "HPCTRAIN_ELASTIC_RESTART"
+#: The version of ``hosts.json`` this start was made with.
+ENV_HOSTS_VERSION = "HPCTRAIN_ELASTIC_HOSTS_VERSION"
+
+STATE_FILE = "state.pt"
+HOSTS_FILE = "hosts.json"
+EVENTS_FILE = "events.jsonl"
+
+#: Every rank exits with this after a ``HostsUpdatedInterrupt`` that the job cannot take in
+#: place (more hosts): the launcher starts it again on the new hosts, from the commit.
+EXIT_HOSTS_UPDATED = 75
+#: Every rank exits with this when fewer than the minimum of ranks are left: the launcher
+#: does not start the job again.
+EXIT_TOO_FEW = 76
+
+
+def state_dir(environ=None):
+    """The state folder (a ``Path``), or ``None`` when the job has none."""
+    value = (os.environ if environ is None else environ).get(ENV_DIR)
+    return Path(value) if value else None
+
+
+def int_setting(name, default, environ=None):
+    """The integer setting ``name`` of the environment, else ``default``; ``ValueError``
+    naming it when it is not a whole number >= 1."""
+    value = (os.environ if environ is None else environ).get(name)
+    if value in (None, ""):
+        return default
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{name}={value!r}: give a whole number >= 1")
+    return int(value)
+
+
+def parse_hosts(text, source):
+    """``[(host, slots), ...]`` from lines ``HOST[:SLOTS]`` (Horovod's discovery script
+    format; blank lines and ``#`` comments skipped). ``ValueError`` naming ``source`` and
+    the line for anything else."""
+    hosts = []
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        host, _, slots = line.partition(":")
+        if not host or any(c.isspace() for c in host) or (slots and not slots.isdigit()) \
+                or slots == "0":
+            raise ValueError(f"{source}, line {number}: {line!r} is not HOST or HOST:SLOTS "
+                             f"(SLOTS a whole number >= 1)")
+        hosts.append((host, int(slots) if slots else 1))
+    return hosts
+
+
+def read_hosts(folder):
+    """``(version, [(host, slots), ...])`` from ``folder/hosts.json``; ``(0, None)`` when
+    there is none."""
+    path = Path(folder) / HOSTS_FILE
+    if not path.exists():
+        return 0, None
+    data = json.loads(path.read_text())
+    return int(data["version"]), [(h, int(s)) for h, s in data["hosts"]]
+
+
+def write_hosts(folder, version, hosts):
+    """Publish ``hosts`` as ``version`` in ``folder/hosts.json`` (atomically)."""
+    with atomic_path(Path(folder) / HOSTS_FILE) as tmp:
+        tmp.write_text(json.dumps({"version": version, "hosts": [list(h) for h in hosts]}))
+
+
+def log_event(folder, event, **fields):
+    """Append ``{"event": event, "time": <unix seconds>, **fields}`` to ``events.jsonl``."""
+    if folder is None:
+        return
+    record = {"event": event, "time": time.time(), **fields}
+    with open(Path(folder) / EVENTS_FILE, "a") as out:
+        out.write(json.dumps(record) + "\n")
+
+
+def read_events(folder):
+    """The events of ``folder``, in order."""
+    path = Path(folder) / EVENTS_FILE
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
