@@ -73,10 +73,7 @@ class DistributedSampler:
 
     def global_order(self, epoch):
         """Every rank's positions of ``epoch``, step after step: ``len(self) × global batch``."""
-        if self.shuffle:
-            order = np.random.default_rng(self.seed + epoch).permutation(self.num_samples)
-        else:
-            order = np.arange(self.num_samples)
+        order = epoch_order(self.num_samples, self.seed, epoch, self.shuffle)
         # np.resize repeats the order from its start: the padding re-uses the first positions.
         return np.resize(order, len(self) * self.global_batch_size)
 
@@ -103,6 +100,14 @@ class DistributedSampler:
             raise ValueError(f"sampler position batch {state['batch']} is outside an epoch "
                              f"of {len(self)} batches")
         self.epoch, self.batch = state["epoch"], state["batch"]
+
+
+def epoch_order(num_samples, seed, epoch, shuffle=True):
+    """The positions ``0 … num_samples-1`` in epoch ``epoch``'s order: a permutation seeded
+    by ``seed + epoch`` (the same on every rank), or in order without ``shuffle``."""
+    if not shuffle:
+        return np.arange(num_samples)
+    return np.random.default_rng(seed + epoch).permutation(num_samples)
 
 
 def shard_indices(num_samples, rank, size):

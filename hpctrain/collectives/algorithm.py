@@ -180,8 +180,14 @@ class Algorithm:
         """The options :meth:`setup` depends on (one set-up per distinct key)."""
         return params
 
+    def communicators(self, state):
+        """The communicators :meth:`setup` made into ``state`` (none by default)."""
+        return ()
+
     def release(self, state):
         """Free what :meth:`setup` made (when the private communicator is freed)."""
+        for comm in self.communicators(state):
+            comm.Free()
 
     def schedule(self, size, rank, count, itemsize, params, setup=None):
         """Who this rank exchanges which slices with, for ``count`` elements of ``itemsize``

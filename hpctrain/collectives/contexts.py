@@ -215,6 +215,14 @@ class Context:
         except MismatchError:
             pass   # the caller raises this rank's own, more precise error
 
+    def communicators(self):
+        """The private duplicate and the communicators of the algorithms' set-ups: every
+        communicator on which this context's messages move."""
+        if self.comm is None:
+            return []
+        return [self.comm, *(comm for (name, _), state in self.setups.items()
+                             for comm in ALGORITHMS[name].communicators(state))]
+
     def free(self):
         """Release the set-ups and the private communicator (when the user's communicator
         is freed)."""
@@ -305,6 +313,16 @@ def context(comm=None):
         comm.Set_attr(_KEYVAL, ctx)
     LAST = (comm, ctx)   # at hand for the next call; comm.Free() clears it (Context.free)
     return ctx
+
+
+def existing(comm):
+    """The :class:`Context` of ``comm`` if one was made, else ``None`` (local: an attribute
+    lookup)."""
+    if MPI is None:
+        return None
+    if comm is MPI.COMM_WORLD:
+        return WORLD
+    return comm.Get_attr(_KEYVAL)
 
 
 def shape(comm=None):

@@ -165,9 +165,8 @@ class Hierarchical(Algorithm):
     def setup_key(self, params):
         return params[:1]     # the segment size changes no sub-communicator
 
-    def release(self, state):
-        for comm in (state.local, *state.inter.values()):
-            comm.Free()
+    def communicators(self, state):
+        return (state.local, *state.inter.values())
 
     def schedule(self, size, rank, count, itemsize, params, setup=None):
         segment = max(params[1] // itemsize, 1) if params[1] else 0

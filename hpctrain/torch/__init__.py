@@ -22,9 +22,10 @@ allreduce; process sets (``ProcessSet``, ``add_process_set``, ``remove_process_s
 ``process_set=``); ``join``; ``barrier``; ``SyncBatchNorm``; ``DistributedOptimizer``;
 ``broadcast_parameters``, ``broadcast_optimizer_state``, ``broadcast_object``,
 ``allgather_object``; ``start_timeline``/``stop_timeline``; ``Compression``. Operations are
-paired across ranks by name, as in Horovod (see :mod:`hpctrain.torch.engine`). Not offered:
-elastic training (``hvd.elastic``, which needs Horovod's own launcher) and the Gloo and
-NCCL controllers; using them raises an error that says what to use instead.
+paired across ranks by name, as in Horovod (see :mod:`hpctrain.torch.engine`). Elastic
+training (``hvd.elastic``) is here too, on MPI (:mod:`hpctrain.torch.elastic`), where
+Horovod's needs its own launcher and Gloo. Not offered: the Gloo and NCCL controllers;
+using them raises an error that says what to use instead.
 """
 
 from functools import wraps
@@ -37,9 +38,11 @@ from .basics import (algorithm, backend, ccl_built, cross_rank, cross_size, cuda
 from .compression import Compression
 from .ddp import comm_hook, init_process_group
 from .engine import HorovodInternalError
+from .elastic import HostsUpdatedInterrupt
 from .lifecycle import init
 from .ops import Adasum, Average, Max, Min, Product, Sum
 from .process_sets import ProcessSet, global_process_set
+from . import elastic
 from . import functions as _functions
 from . import optimizer as _optimizer
 
@@ -79,21 +82,17 @@ def __getattr__(name):
 
     if name == "SyncBatchNorm":
         return SyncBatchNorm
-    if name == "elastic":
-        raise NotImplementedError(
-            "hpctrain.torch does not support elastic training (hvd.elastic): it needs "
-            "Horovod's own launcher (horovodrun) and its Gloo controller; run with "
-            "HPCTRAIN_ALLREDUCE=horovod under horovodrun, or checkpoint and restart the job "
-            "(hpctrain train --resume)")
     raise AttributeError(f"module 'hpctrain.torch' has no attribute {name!r}")
 
 
 __all__ = [
-    "Adasum", "Average", "Compression", "DistributedOptimizer", "HorovodInternalError", "Max",
-    "Min", "ProcessSet", "Product", "Sum", "SyncBatchNorm", "algorithm",
+    "Adasum", "Average", "Compression", "DistributedOptimizer", "HorovodInternalError",
+    "HostsUpdatedInterrupt", "Max", "Min", "ProcessSet", "Product", "Sum", "SyncBatchNorm",
+    "algorithm",
     "broadcast_optimizer_state", "broadcast_parameters", "ccl_built", "comm_hook",
-    "cross_rank", "cross_size", "cuda_built", "ddl_built", "gloo_built", "gloo_enabled",
-    "global_process_set", "init", "init_process_group", "is_homogeneous", "is_initialized",
+    "cross_rank", "cross_size", "cuda_built", "ddl_built", "elastic", "gloo_built",
+    "gloo_enabled", "global_process_set", "init", "init_process_group", "is_homogeneous",
+    "is_initialized",
     "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported",
     "nccl_built", "rank", "rocm_built", "shutdown", "size", *_DISPATCHED,
 ]

@@ -82,7 +82,8 @@ class World:
         with self._engine_lock:
             if self._engine is None:
                 self._engine = Engine(self.comm, self.sets,
-                                      {"allreduce": self._joined_allreduce(self)})
+                                      {"allreduce": self._joined_allreduce(self)},
+                                      revoke=self.revoke)
         return self._engine
 
     def next_name(self, set_id, prefix="noname"):
@@ -147,6 +148,30 @@ class World:
             pset.comm.Free()            # frees the collectives' context of it too
         pset._forget()
         return True
+
+    def communicators(self):
+        """Every communicator of this world on which messages move: the user's, the
+        engine's, the sets', and the private ones of the collectives over them."""
+        from ..collectives import contexts
+
+        comms = [self.user_comm, self.comm, self.data_comm,
+                 *(s.comm for s in self.sets.values() if s.comm is not None)]
+        for comm in list(comms):
+            ctx = contexts.existing(comm)
+            if ctx is not None:
+                comms += ctx.communicators()
+        return comms
+
+    def revoke(self):
+        """After a rank died (MPI with fault tolerance): revoke every communicator of the
+        world, so that every survivor's operation on any of them fails at once, instead of
+        waiting for a rank that has died or has gone on to the recovery. Any rank may call
+        it, any number of times."""
+        for comm in self.communicators():
+            try:
+                comm.Revoke()
+            except Exception:  # noqa: BLE001,S112 - freed or revoked already: nothing to do
+                continue
 
     def close(self, wait=True):
         """Stop the engine (if started) on every rank and free the communicators."""

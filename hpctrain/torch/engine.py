@@ -29,11 +29,22 @@ they join with zeros; other operations fail on every rank while a rank has joine
 ``shutdown`` from any rank ends every rank's thread after the cycle that carries it, and
 every operation still waiting fails there with :class:`HorovodInternalError`, as in
 Horovod: no rank is left waiting for one that has gone.
+
+A rank that dies is reported by an MPI with fault tolerance (ULFM; any other MPI ends the
+job): the first rank to hear of it revokes every communicator of the world (the ``revoke``
+given to the engine), so that every survivor's operation in flight, on any of them, fails
+within moments instead of waiting for a rank that has gone or moved on; every operation of
+this rank then fails with :class:`ProcessFailure`, after which ``hvd.elastic.run`` shrinks
+the world and goes on (:mod:`hpctrain.torch.elastic`).
+
+Threads: the callers' threads touch only ``submit``, ``join`` and ``close`` (the queue, and
+``_mine`` and ``_ended`` under ``_lock``); everything else is the communication thread's.
 """
 
 import os
 import pickle
 import queue
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -64,6 +75,22 @@ STALL_S = float(os.environ.get("HPCTRAIN_STALL_CHECK_S", "60"))
 
 class HorovodInternalError(RuntimeError):
     """An operation failed on every rank that asked for it (mismatch, shutdown, join)."""
+
+
+class ProcessFailure(HorovodInternalError):
+    """A rank of the world died (reported by an MPI with fault tolerance): raised by every
+    survivor's pending and later operations until ``hvd.elastic.run`` shrinks the world."""
+
+
+def process_failure(exc):
+    """True when ``exc`` is MPI's report that a rank died, or that a communicator was revoked
+    because one did. Only an MPI with fault tolerance reports these (without it the error
+    classes are all ``ERR_UNKNOWN``, which this does not take for one)."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or not isinstance(exc, mpi.Exception):
+        return False
+    classes = {mpi.ERR_PROC_FAILED, mpi.ERR_PROC_FAILED_PENDING, mpi.ERR_REVOKED}
+    return exc.Get_error_class() in classes - {mpi.ERR_UNKNOWN}
 
 
 class Waiters:
@@ -179,10 +206,11 @@ class Engine:
     member) — read by the thread, so it is changed only by operations that run there.
     """
 
-    def __init__(self, comm, sets, joined_runs):
+    def __init__(self, comm, sets, joined_runs, revoke=None):
         self.comm, self.rank, self.size = comm, comm.Get_rank(), comm.Get_size()
         self.sets = sets
         self.joined_runs = joined_runs      # kind -> run(comm, signature) for a joined rank
+        self.revoke = revoke                # revoke() every communicator, after a death
         self.timeline = None            # set by hvd.start_timeline
         self._queue = Inbox()
         self._mine = {}                 # key -> Request of this rank, submitted, not yet run
@@ -198,7 +226,9 @@ class Engine:
         self._clock = 0.0               # rank 0's clock at the last negotiation (seconds)
         self._quiet_since = None        # rank 0's clock when every rank became blocked
         self._stop = threading.Event()
-        self._ended = None
+        self._lock = threading.Lock()   # _ended and the queue's last puts against _end
+        self._ended = None              # why operations fail now (None while running)
+        self._failure = HorovodInternalError
         self._thread = threading.Thread(target=self._serve, name="hpctrain-comm", daemon=True)
         self._thread.start()
 
@@ -207,18 +237,23 @@ class Engine:
     def submit(self, request):
         """Queue ``request``; return its :class:`Handle`. ``ValueError`` (here, before
         anything is queued) if this rank already has an operation of that name in flight."""
-        if self._ended is not None:
-            raise HorovodInternalError(self._ended)
-        if request.key in self._mine:
-            raise ValueError(f"Requested to {request.signature[0]} a tensor with the same "
-                             f"name as another tensor that is currently being processed: "
-                             f"{request.name!r}. Names in flight must be unique.")
-        self._mine[request.key] = request
-        request.handle.waiters = self._waiters
-        if self.timeline is not None:
-            self.timeline.begin(_label(request.name, request.signature),
-                                f"NEGOTIATE_{request.signature[0].upper()}")
-        self._queue.put(request)
+        # Under the lock: a request queued after _end has drained the queue would wait for
+        # ever; _end sets _ended under the same lock, so the request is refused here.
+        with self._lock:
+            if self._ended is not None:
+                raise self._failure(self._ended)
+            if request.key in self._mine:
+                raise ValueError(f"Requested to {request.signature[0]} a tensor with the "
+                                 f"same name as another tensor that is currently being "
+                                 f"processed: {request.name!r}. Names in flight must be "
+                                 f"unique.")
+            self._mine[request.key] = request
+            request.handle.waiters = self._waiters
+            timeline = self.timeline
+            if timeline is not None:
+                timeline.begin(_label(request.name, request.signature),
+                               f"NEGOTIATE_{request.signature[0].upper()}")
+            self._queue.put(request)
         return request.handle
 
     def join(self):
@@ -226,7 +261,10 @@ class Engine:
         every rank has joined; return the rank that joined last. Blocks."""
         handle = Handle()
         handle.waiters = self._waiters
-        self._queue.put(("join", handle))
+        with self._lock:
+            if self._ended is not None:
+                raise self._failure(self._ended)
+            self._queue.put(("join", handle))
         return handle.wait()
 
     def close(self, wait=True):
@@ -262,10 +300,26 @@ class Engine:
                 # Whether anything was asked or ran is known alike on every rank.
                 self._break_deadlock(ran or any(gathered))
         except BaseException as exc:  # noqa: B036 - every waiting caller must hear of it
-            reason = f"the communication thread failed: {exc!r}"
-            raise
+            if not process_failure(exc):
+                reason = f"the communication thread failed: {exc!r}"
+                raise
+            self._failure, reason = ProcessFailure, self._lost(exc)
         finally:
             self._end(reason)
+
+    def _lost(self, exc):
+        """After MPI reported a death: revoke the world's communicators, and say who died."""
+        if self.revoke is not None:
+            self.revoke()
+        try:
+            group = self.comm.Get_failed()
+            failed = group.Translate_ranks(list(range(group.Get_size())),
+                                           self.comm.Get_group())
+        except Exception:  # noqa: BLE001 - the report above says enough without the ranks
+            failed = []
+        who = f"rank(s) {_ranks(sorted(failed))} of {self.size}" if failed else "a rank"
+        return (f"{who} failed (MPI: {str(exc).strip()}); this rank's operations fail, and "
+                f"hvd.elastic.run goes on from the last commit on the ranks that are left")
 
     def _take(self):
         """This rank's requests for the next negotiation.
@@ -486,6 +540,9 @@ class Engine:
         except BaseException as exc:  # noqa: B036 - handed to the caller that waits
             if request is None:
                 raise
+            if process_failure(exc):
+                self._mine[key] = request   # failed by _end, with the reason every rank has
+                raise
             request.handle.finish(error=exc)
         finally:
             if timeline is not None:
@@ -515,9 +572,11 @@ class Engine:
 
     def _end(self, reason):
         """Fail every operation of this rank that will now never run."""
-        self._ended = reason
+        error = self._failure
+        with self._lock:
+            self._ended = reason
         for request in list(self._mine.values()):
-            request.handle.finish(error=HorovodInternalError(reason))
+            request.handle.finish(error=error(reason))
         self._mine.clear()
         while True:
             try:
@@ -526,6 +585,6 @@ class Engine:
                 break
             handle = item.handle if isinstance(item, Request) else item[1]
             if handle is not None:
-                handle.finish(error=HorovodInternalError(reason))
+                handle.finish(error=error(reason))
         if self._join_handle is not None:
-            self._join_handle.finish(error=HorovodInternalError(reason))
+            self._join_handle.finish(error=error(reason))

@@ -79,11 +79,28 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     # --- during backward ---------------------------------------------------------------------
 
     def _submit(self, bucket):
+        if world() is not self._world:
+            self._adopt(world())
         if bucket.request is None:
             bucket.request = self._request(bucket)
         # The same name and signature every step: numbered in the engine's cache after the
         # first, and then announced by a bit instead of in full.
         return submit(self._world, self._process_set, *bucket.request, repeats=True)
+
+    def _adopt(self, new):
+        """Reduce in ``new``, the world ``hvd.elastic.run`` started again after a lost rank:
+        the buckets' operations are made afresh for it (its size, its sets)."""
+        self._world = new
+        self._member = new.rank in (self._process_set.ranks or ())
+        for bucket in self._reducer.buckets:
+            bucket.request = None
+
+    def abandon_step(self):
+        """Forget the gradients of this step handed over so far: after a step that failed
+        (a rank lost in the middle of backward), the next backward starts a new step.
+        ``hvd.elastic``'s ``restore`` calls it."""
+        self._reducer.reset()
+        self._synchronized = False
 
     def _request(self, bucket):
         """The name, signature, description and data phase of ``bucket``'s operation, the

@@ -25,6 +25,7 @@ class ProcessSet:
         self.process_set_id = None
         self.comm = None                    # this rank's communicator of the set, if included
         self._rank = None                   # this process's world rank, once registered
+        self.lost = None                    # why it is gone, after a shrink took a rank
         if hasattr(ranks_or_comm, "Get_group"):
             self.mpi_comm = ranks_or_comm
             self.ranks = None               # known once registered (translated then)

@@ -5,6 +5,8 @@ broadcast is, as in Horovod, the average of the gradients over the ranks on the 
 zero elsewhere.
 """
 
+import pickle
+
 import torch
 
 from .allreduce import allreduce
@@ -110,5 +112,21 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
     """``root_rank``'s ``obj`` (any picklable object) on every rank of the set."""
     pset = global_process_set if process_set is None else process_set
     root = set_root(pset, root_rank, "broadcast_object")
+    # Pickled here, before the operation, not by mpi4py inside it: a root whose object
+    # cannot be pickled would fail alone in the data phase, with the other ranks waiting in
+    # the broadcast for ever. Found here, it fails the call on every rank.
+    blob = error = None
+    if pset.rank() == root:
+        try:
+            blob = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # noqa: BLE001 - pickle raises many kinds
+            error = exc
+
+    def check():
+        if error is not None:
+            raise ValueError(f"rank {root_rank}'s object cannot be broadcast: it does not "
+                             f"pickle ({type(error).__name__}: {error})")
+
     return object_call("broadcast_object", name, process_set,
-                       lambda comm: comm.bcast(obj, root=root), (root_rank,))
+                       lambda comm: pickle.loads(comm.bcast(blob, root=root)), (root_rank,),
+                       check)

@@ -78,6 +78,8 @@ def member_set(w, process_set, function):
         raise TypeError(f"hpctrain.torch.{function}: process_set must be an hvd.ProcessSet "
                         f"(hvd.global_process_set or one from hvd.add_process_set), got "
                         f"{type(pset).__name__}")
+    if pset.lost is not None:
+        raise ValueError(f"hpctrain.torch.{function}: {pset.lost}")
     if pset.process_set_id is None or pset.process_set_id not in w.sets:
         raise ValueError(f"hpctrain.torch.{function}: {pset} is not registered: add it with "
                          f"hvd.add_process_set(...) (on every rank) or init(process_sets=...)")
@@ -202,8 +204,9 @@ def signature(kind, tensors, op, prescale, postscale):
             tuple(where(t) for t in tensors), op, float(prescale), float(postscale))
 
 
-def object_call(kind, name, process_set, call, extra=()):
-    """Run ``call(comm)`` (a pickled mpi4py collective) as one operation of the set."""
-    w, pset, name = start(kind, name, process_set, lambda: None)
+def object_call(kind, name, process_set, call, extra=(), check=lambda: None):
+    """Run ``call(comm)`` (a pickled mpi4py collective) as one operation of the set, once
+    ``check()`` has passed (see :func:`start`)."""
+    w, pset, name = start(kind, name, process_set, check)
     return synchronize(submit(w, pset, name, (kind,) + tuple(extra), f"{kind}(name={name!r})",
                               lambda comm, infos: (call(comm), None)))
