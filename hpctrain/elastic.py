@@ -24,6 +24,7 @@ The state folder (``HPCTRAIN_ELASTIC_DIR``) holds
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -118,3 +119,29 @@ def read_events(folder):
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def survivors(comm):
+    """The survivors of ``comm`` after a rank died (MPI with fault tolerance): ``comm``
+    revoked, so that no survivor is left waiting in it, then shrunk. Collective over the
+    survivors, each of which arrives from its own failed operation. When fewer ranks than
+    ``HPCTRAIN_ELASTIC_MIN_NP`` are left, every survivor exits with ``EXIT_TOO_FEW`` after
+    one message from the new rank 0."""
+    try:
+        comm.Revoke()
+    except Exception:  # noqa: BLE001,S110 - revoked already by another rank
+        pass
+    before = comm.Get_size()
+    shrunk = comm.Shrink()
+    size, rank = shrunk.Get_size(), shrunk.Get_rank()
+    least = int_setting(ENV_MIN_NP, 1)
+    if rank == 0:
+        log_event(state_dir(), "shrunk", before=before, after=size)
+        print(f"[hpctrain.elastic] lost {before - size} rank(s): going on with {size} of "
+              f"{before} from the last commit" if size >= least else
+              f"[hpctrain.elastic] error: lost {before - size} rank(s); {size} left is fewer "
+              f"than the minimum of {least} ({ENV_MIN_NP}, --min-np): ending the job",
+              file=sys.stdout if size >= least else sys.stderr, flush=True)
+    if size < least:
+        sys.exit(EXIT_TOO_FEW)
+    return shrunk

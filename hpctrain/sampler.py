@@ -13,7 +13,10 @@ One *global* sample order per epoch, the same on every rank: a permutation seede
 
 The last global batch is completed by repeating the first positions of the epoch's order
 (``drop_last=False``, the default) or dropped (``drop_last=True``). The sampler keeps its
-position (epoch, next batch) so that a checkpoint can resume mid-epoch.
+position (epoch, next batch) so that a checkpoint can resume mid-epoch, also on another
+number of ranks (an elastic job that lost some): the samples of the epoch done so far
+(``start``) are skipped, and the rest of the epoch's order is cut into global batches of
+the new size.
 """
 
 import math
@@ -46,6 +49,7 @@ class DistributedSampler:
         self.rank, self.size = rank, size
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.epoch, self.batch = 0, 0
+        self.start = 0      # positions of this epoch's order done before batch 0
 
     @property
     def global_batch_size(self):
@@ -53,15 +57,16 @@ class DistributedSampler:
         return self.batch_size * self.size
 
     def __len__(self):
-        """Batches per epoch, the same on every rank."""
+        """Batches per epoch (after ``start``), the same on every rank."""
+        left = self.num_samples - self.start
         if self.drop_last:
-            return self.num_samples // self.global_batch_size
-        return math.ceil(self.num_samples / self.global_batch_size)
+            return left // self.global_batch_size
+        return math.ceil(left / self.global_batch_size)
 
     @property
     def padding(self):
         """Positions repeated per epoch to complete the last global batch (0 with drop_last)."""
-        return max(0, len(self) * self.global_batch_size - self.num_samples)
+        return max(0, len(self) * self.global_batch_size - (self.num_samples - self.start))
 
     def set_epoch(self, epoch):
         """Start ``epoch`` at its first batch.
@@ -69,11 +74,11 @@ class DistributedSampler:
         Call it before every epoch, on every rank, with the same epoch: the shuffle depends
         on it, and without it every epoch repeats the same order.
         """
-        self.epoch, self.batch = epoch, 0
+        self.epoch, self.batch, self.start = epoch, 0, 0
 
     def global_order(self, epoch):
         """Every rank's positions of ``epoch``, step after step: ``len(self) × global batch``."""
-        order = epoch_order(self.num_samples, self.seed, epoch, self.shuffle)
+        order = epoch_order(self.num_samples, self.seed, epoch, self.shuffle)[self.start:]
         # np.resize repeats the order from its start: the padding re-uses the first positions.
         return np.resize(order, len(self) * self.global_batch_size)
 
@@ -91,15 +96,21 @@ class DistributedSampler:
             yield order[start:start + self.batch_size]
 
     def state_dict(self):
-        """The position: the epoch and the next batch to yield."""
-        return {"epoch": self.epoch, "batch": self.batch}
+        """The position: the epoch, the positions done before batch 0, the next batch."""
+        return {"epoch": self.epoch, "batch": self.batch, "start": self.start}
 
-    def load_state_dict(self, state):
-        """Continue from a position saved by ``state_dict``."""
-        if not 0 <= state["batch"] <= len(self):
-            raise ValueError(f"sampler position batch {state['batch']} is outside an epoch "
-                             f"of {len(self)} batches")
-        self.epoch, self.batch = state["epoch"], state["batch"]
+    def load_state_dict(self, state, size=None):
+        """Continue from a position saved by ``state_dict`` of a sampler over ``size``
+        ranks (default: this one's). Over another number of ranks, the positions done so
+        far become ``start`` and the rest of the epoch is batched anew."""
+        start, batch = state.get("start", 0), state["batch"]
+        if size is not None and size != self.size:
+            start, batch = min(start + batch * self.batch_size * size, self.num_samples), 0
+        self.start = start
+        if not 0 <= batch <= len(self):
+            raise ValueError(f"sampler position batch {batch} is outside an epoch of "
+                             f"{len(self)} batches")
+        self.epoch, self.batch = state["epoch"], batch
 
 
 def epoch_order(num_samples, seed, epoch, shuffle=True):

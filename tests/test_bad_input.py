@@ -105,10 +105,6 @@ CASES = {
         "--batch-size 4 (this run: 8), --momentum 0.9 (this run: 0.5); a resumed run must "
         "continue the same training: resume with --seed 0 --batch-size 4 --momentum 0.9, or "
         "start a new run (another --run-dir, without --resume)"),
-    "mid-epoch checkpoint on another rank count": (
-        ["--resume={root}/ckpt/checkpoint.pt", "--hidden=16"],
-        "was written by 1 ranks mid-epoch or with a sharded optimizer: resume it on 1 ranks "
-        "(this run has {np})"),
 }
 
 

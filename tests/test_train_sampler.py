@@ -77,12 +77,39 @@ def test_position_resumes_mid_epoch():
     it = iter(sampler)
     next(it), next(it)
     state = sampler.state_dict()
-    assert state == {"epoch": 2, "batch": 2}
+    assert state == {"epoch": 2, "batch": 2, "start": 0}
     resumed = DistributedSampler(50, 4, 1, 3, seed=1)
     resumed.load_state_dict(state)
     rest = list(resumed)
     assert all(np.array_equal(x, y) for x, y in zip(rest, batches[2:]))
     assert len(rest) == len(batches) - 2 and resumed.state_dict()["batch"] == len(batches)
+
+
+@settings(max_examples=150, deadline=None)
+@given(worlds, st.integers(1, 6), st.integers(0, 40))
+def test_an_epoch_resumed_on_other_ranks_trains_each_sample_once(world, new_size, done):
+    # An elastic job loses (or gains) ranks mid-epoch: the rest of the epoch goes to the new
+    # ranks without repeating a sample the old ones trained on, nor skipping one.
+    n, batch, size, epoch, seed = world
+    old = DistributedSampler(n, batch, 0, size, seed=seed)
+    old.set_epoch(epoch)
+    old.batch = min(done, len(old))
+    trained = set(old.global_order(epoch)[:old.batch * batch * size].tolist())
+    rest = [DistributedSampler(n, batch, r, new_size, seed=seed) for r in range(new_size)]
+    for sampler in rest:
+        sampler.load_state_dict(old.state_dict(), size=size)
+    shares = [np.concatenate(list(s) or [np.empty(0, int)]).tolist() for s in rest]
+    assert len({len(share) for share in shares}) == 1      # equal batch counts
+    later = {p for share in shares for p in share}
+    if old.batch * batch * size < n:
+        assert trained | later == set(range(n))
+        fresh = n - len(trained)
+        padding = sum(map(len, shares)) - fresh
+        assert 0 <= padding < batch * new_size
+        # Only the padding may repeat a sample trained already.
+        assert sum(p in trained for share in shares for p in share) <= padding
+    else:
+        assert not later
 
 
 @pytest.mark.parametrize("args, message", [((10, 0), "batch_size"), ((10, 2, 2, 2), "rank"),

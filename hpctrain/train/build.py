@@ -31,6 +31,12 @@ def check_world(config, size):
             raise UsageError("--check-consistency compares replicas that train in lockstep; "
                              "under --regime async-ps the workers' weights differ by design: "
                              "use --check-consistency 0 or another regime")
+    if config.elastic and (config.regime != "allreduce" or config.allreduce == "horovod"):
+        # The servers' roles and shards are fixed to ranks, and Horovod keeps its own world:
+        # neither can go on with fewer ranks.
+        raise UsageError(f"--elastic needs --regime allreduce with one of hpctrain's "
+                         f"algorithms (this run: --regime {config.regime} --allreduce "
+                         f"{config.allreduce})")
     if config.device == "cuda":
         check_cuda_visible("--device cuda")
 

@@ -133,6 +133,11 @@ class TrainConfig:
                                    "that update)", choices=NONFINITE)
     stall_warning: float = _key(60.0, "seconds a collective may wait for some ranks before "
                                       "rank 0 names them on stderr", positive=True)
+    elastic: bool = _key(False, "go on when ranks are lost, from the last checkpoint: in "
+                                "place on an MPI with fault tolerance (scripts/setup --ft), "
+                                "else when python -m hpctrain.launch --elastic starts the job "
+                                "again; implies --resume auto (--regime allreduce only)",
+                         flag=True)
     stall_timeout: float = _key(600.0, "seconds of such a stall after which the job aborts "
                                        "(0: never)", minimum=0.0)
 

@@ -38,12 +38,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .. import elastic as job
 from .. import faults
 from ..data import HDF5Dataset, digits, split_indices
 from ..data.torch_dataset import TorchDataset
 from ..errors import UsageError, Verdict
 from ..runtime import checks
 from ..sampler import shard_indices
+from ..torch.engine import ProcessFailure, process_failure
 from ..watchdog import StallWatchdog
 from . import build, checkpoint, header, replicas, report, resume
 from .config import checkpoint_interval
@@ -86,15 +88,42 @@ def train(config, comm=None):
     """Train as ``config`` says, over ``comm`` (default ``COMM_WORLD``); return the result.
 
     Collective: every rank of ``comm`` must call it with the same configuration.
+
+    ``--elastic``: the commit is the checkpoint (``--checkpoint-every``, in steps for a
+    small loss). A run that loses a rank goes on from the last one, as ``--resume auto``
+    would, on the ranks that are left. On an MPI with fault tolerance that happens here, in
+    place: the survivors revoke every communicator of the run (:meth:`Run.abandon`), shrink
+    the world (:func:`hpctrain.elastic.survivors`) and start the run again on it. On any
+    other MPI the job ends, and ``python -m hpctrain.launch --elastic`` starts it again on
+    the hosts that are left, where it resumes the same way. The rest of an epoch is split
+    over the new number of ranks (the sampler counts the samples done), and the learning
+    rate is scaled to the new global batch.
     """
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD if comm is None else comm
+    if config.elastic:
+        config = dataclasses.replace(config, resume=config.resume or "auto")
+    for _ in range(comm.Get_size()):        # each failure takes at least one rank
+        try:
+            return train_once(config, comm)
+        except BaseException as exc:
+            if not (config.elastic and lost_rank(exc)):
+                raise
+        comm = job.survivors(comm)
+        # Whatever checkpoint the first attempt resumed, the next one goes on from the
+        # newest in the run directory: the last commit.
+        config = dataclasses.replace(config, resume="auto")
+    raise AssertionError("not reached: a rank is always left, or the job has ended")
+
+
+def train_once(config, comm):
+    """:func:`train` without ``--elastic``: one attempt over ``comm``."""
     run = Run(config, comm)
     try:
         result = run.fit()
-    except BaseException:
-        run.abandon()
+    except BaseException as exc:
+        run.abandon(lost_rank(exc))
         raise
     run.close()
     return result
@@ -126,8 +155,8 @@ class Run:
         self.comm = comm.Dup()
         try:
             self._start(config, comm)
-        except BaseException:
-            self.abandon()
+        except BaseException as exc:
+            self.abandon(lost_rank(exc))
             raise
 
     def _check_inputs(self, config, open_data):
@@ -204,7 +233,8 @@ class Run:
         try:
             self.model.load_state_dict(saved["model"])
             self.regime.load_optimizer_state(saved["optimizer"])
-            self.sampler.load_state_dict(saved["sampler"])
+            saved_trainers = saved["world_size"] - (1 if self.asynchronous else 0)
+            self.sampler.load_state_dict(saved["sampler"], size=saved_trainers)
         except (RuntimeError, ValueError, KeyError) as exc:
             raise UsageError(f"checkpoint {str(self.resume_path)!r} does not fit this run: "
                              f"{exc}") from None
@@ -397,7 +427,7 @@ class Run:
             return
         position = self.sampler.state_dict()
         if epoch_done:
-            position = {"epoch": self.sampler.epoch + 1, "batch": 0}
+            position = {"epoch": self.sampler.epoch + 1, "batch": 0, "start": 0}
         sums = EpochSums(first_step=self.step) if epoch_done else self.sums
         checkpoint.save(self.config.run_path / checkpoint.FILENAME, {
             "model": self.model.state_dict(), "optimizer": optimizer, "sampler": position,
@@ -415,14 +445,40 @@ class Run:
         self.comm.Free()
         self.dataset.close()
 
-    def abandon(self):
-        """After a failure: release what needs no other rank; the job is about to end."""
+    def abandon(self, lost=False):
+        """After a failure: release what needs no other rank; the job is about to end, or,
+        when a rank was ``lost`` (MPI with fault tolerance), to go on without it: then every
+        communicator of the run is revoked first, so that no survivor waits in one."""
+        if lost:
+            for comm in (getattr(self, "comm", None), *_torch_communicators()):
+                if comm is not None:
+                    revoke(comm)
         regime = getattr(self, "regime", None)
         if regime is not None:
             regime.abandon()
         watchdog = getattr(self, "watchdog", None)
         if watchdog is not None:
             watchdog.stop()
+
+
+def lost_rank(exc):
+    """True when ``exc`` says that a rank died (only an MPI with fault tolerance says so)."""
+    return isinstance(exc, ProcessFailure) or process_failure(exc)
+
+
+def revoke(comm):
+    """Revoke ``comm`` (nothing if it is revoked or freed already)."""
+    try:
+        comm.Revoke()
+    except Exception:  # noqa: BLE001,S110 - revoked or freed: nothing to do
+        pass
+
+
+def _torch_communicators():
+    # hpctrain.torch's world, which the allreduce regime started on the caller's comm.
+    from ..torch import basics
+
+    return basics.world().communicators() if basics.is_initialized() else []
 
 
 class _InfiniteGradient(torch.autograd.Function):

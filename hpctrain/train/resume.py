@@ -46,12 +46,12 @@ def check_checkpoint(saved, config, size, path):
         raise UsageError(f"checkpoint {str(path)!r} was written by --regime "
                          f"{saved.get('regime')}; its optimizer state does not fit --regime "
                          f"{config.regime}")
-    # Another rank count changes the global batch, hence what "batch k" of an epoch means,
-    # and the shards of a sharded optimizer: only an epoch boundary of an unsharded run
-    # can be resumed on another number of ranks.
-    if saved["world_size"] != size and (saved["sampler"]["batch"] or is_sharded):
+    # Another rank count changes the global batch (the sampler then batches the rest of the
+    # epoch anew, from the samples done) and the shards of a sharded optimizer, which
+    # cannot be cut anew: a sharded run resumes on its own number of ranks only.
+    if saved["world_size"] != size and is_sharded:
         raise UsageError(f"checkpoint {str(path)!r} was written by {saved['world_size']} "
-                         f"ranks mid-epoch or with a sharded optimizer: resume it on "
+                         f"ranks with a sharded optimizer: resume it on "
                          f"{saved['world_size']} ranks (this run has {size})")
 
 

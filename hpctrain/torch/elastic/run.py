@@ -104,31 +104,16 @@ def _shrink():
     abandon()
     comm = old.user_comm
     for _ in range(old.size):
-        comm = comm.Shrink()
+        comm = job.survivors(comm)
         try:
             _start_on(comm, old)
-            break
+            return
         except Exception as exc:    # another rank died while the world started again
             if not process_failure(exc):
                 raise
             if is_initialized():
                 world().revoke()
                 abandon()
-            comm.Revoke()
-    new = world()
-    folder = job.state_dir()
-    if new.rank == 0:
-        print(f"[hpctrain.elastic] lost {old.size - new.size} rank(s): going on with "
-              f"{new.size} of {old.size} from the last commit", flush=True)
-        job.log_event(folder, "shrunk", before=old.size, after=new.size)
-    least = job.int_setting(job.ENV_MIN_NP, 1)
-    if new.size < least:
-        if new.rank == 0:
-            print(f"[hpctrain.elastic] error: {new.size} rank(s) left, fewer than the "
-                  f"minimum of {least} ({job.ENV_MIN_NP}, --min-np): ending the job",
-                  file=sys.stderr, flush=True)
-        shutdown()
-        sys.exit(job.EXIT_TOO_FEW)
 
 
 def _start_on(comm, old):
