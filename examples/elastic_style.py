@@ -11,13 +11,12 @@ Horovod's elastic examples do: the model, optimizer and an ``ElasticSampler`` in
 learning rate scaled to the number of ranks again after every reset. Lose a rank and the
 others go on from the last commit. ``--log FILE``: rank 0 appends one JSON line per step
 (step, epoch, ranks, wall-clock time), from which the cost of a failure is measured.
-``HPCTRAIN_FAULT=elastic.start0.step@2#20:kill`` kills rank 2 at its 20th step of the
-job's first start (``start1`` would name the first restart).
+``HPCTRAIN_FAULT=torch.step@2#20/0:kill`` kills rank 2 at its 20th optimizer step in the
+job's first start (``/1``: the first restart; see ``hpctrain.faults``).
 """
 
 import argparse
 import json
-import os
 import time
 
 import torch
@@ -27,8 +26,6 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import hpctrain.torch as hvd     # was: import horovod.torch as hvd
-from hpctrain import faults
-from hpctrain.runtime import launcher_rank
 
 
 def datasets():
@@ -74,8 +71,6 @@ def main():
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, step=0)
-    start = os.environ.get("HPCTRAIN_ELASTIC_RESTART", "0")
-    fault_point, first_rank = f"elastic.start{start}.step", launcher_rank()
 
     def scale_lr():
         for group in optimizer.param_groups:
@@ -97,9 +92,8 @@ def main():
                 if hvd.rank() == 0 and args.log:
                     with open(args.log, "a") as log:
                         log.write(json.dumps({"step": state.step, "epoch": state.epoch,
-                                              "ranks": hvd.size(), "start": int(start),
+                                              "ranks": hvd.size(),
                                               "time": time.time()}) + "\n")
-                faults.inject(fault_point, first_rank)
                 if state.step % args.commit_every == 0:
                     state.commit()
             state.epoch += 1

@@ -1,8 +1,10 @@
 """Fault injection, so that tests can prove a failing rank never leaves the job hanging.
 
-Set ``HPCTRAIN_FAULT`` to a comma-separated list of ``POINT@RANK[#N][:ACTION]`` items
-(``RANK`` may be ``*``). When the rank reaches that named point of a subcommand (the ``N``-th
-time it does, if ``#N`` is given; every time otherwise), the action happens:
+Set ``HPCTRAIN_FAULT`` to a comma-separated list of ``POINT@RANK[#N][/START][:ACTION]``
+items (``RANK`` may be ``*``). When the rank reaches that named point of a subcommand (the
+``N``-th time it does, if ``#N`` is given; every time otherwise; only in the ``START``-th
+start of an elastic job, counted from 0 by ``HPCTRAIN_ELASTIC_RESTART``, if ``/START`` is
+given), the action happens:
 
 - ``raise`` (the default): raise ``InjectedFault``;
 - ``kill``: the process kills itself with ``SIGKILL`` (no traceback, no clean-up);
@@ -29,6 +31,9 @@ The points, by subcommand:
   pushes a gradient to the server);
 - ``hpctrain data``: ``data.write`` (after the first chunk of a synthetic data set is
   written);
+- ``hpctrain.torch`` (any script): ``torch.step`` (a ``DistributedOptimizer``'s ``step``,
+  before it synchronizes; ``RANK`` is the rank the launcher gave the process, which an
+  elastic job's shrinking does not change);
 - ``hpctrain info``: ``info.gather`` (before the gather of the rank map), ``info.done``
   (after the table is printed);
 - ``hpctrain bench allreduce``: ``bench.start`` (a rank's run begins, before any
@@ -45,6 +50,8 @@ import signal
 import sys
 import time
 from collections import Counter
+
+from .elastic import ENV_RESTART
 
 ENV = "HPCTRAIN_FAULT"
 
@@ -99,8 +106,10 @@ def _action(point, rank):
     for item in spec.split(","):
         target, _, action = item.strip().partition(":")
         name, _, where = target.partition("@")
-        ranks, _, nth = where.partition("#")
+        ranks, _, when = where.partition("#")
+        nth, _, start = when.partition("/")
         if (name == point and ranks in ("*", str(rank))
-                and (not nth or int(nth) == _hits[point])):
+                and (not nth or int(nth) == _hits[point])
+                and (not start or start == os.environ.get(ENV_RESTART, "0"))):
             return action or "raise"
     return None

@@ -33,6 +33,8 @@ from contextlib import contextmanager
 import torch
 
 from .basics import world
+from .. import faults
+from ..runtime import launcher_rank
 from .compression import Compression
 from .ops.allreduce import bucket_signature, reduce_flat
 from .ops.common import Average, Sum, caller_event, member_set, resolve_op, submit, \
@@ -206,6 +208,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def step(self, closure=None):
         """Synchronize (unless inside ``skip_synchronize``), then the wrapped step."""
+        faults.inject("torch.step", launcher_rank())
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
