@@ -37,7 +37,7 @@ def run(args):
     if comm.rank == 0:
         print(format_table(ranks, mpi_support.library_version(),
                            mpi_support.standard_version(), mpi_support.cuda_awareness(comm),
-                           horovod_build()), flush=True)
+                           horovod_build(), mpi_support.fault_tolerance()), flush=True)
     faults.inject("info.done", comm.rank)
     return 0
 
@@ -90,8 +90,9 @@ def horovod_build():
             "cuda": bool(hvd.cuda_built())}
 
 
-def format_table(ranks, library, standard, cuda, horovod):
-    """The ``info`` table, from every rank's ``describe_rank`` and rank 0's library facts."""
+def format_table(ranks, library, standard, cuda, horovod, fault_tolerance=None):
+    """The ``info`` table, from every rank's ``describe_rank`` and rank 0's library facts
+    (``fault_tolerance``: a :class:`~hpctrain.mpi_support.FaultTolerance`, or ``None``)."""
     ours = ranks[0]["versions"]
     lines = [f"hpctrain info: {len(ranks)} rank{'s' if len(ranks) != 1 else ''}", "",
              "versions (rank 0)"]
@@ -112,6 +113,10 @@ def format_table(ranks, library, standard, cuda, horovod):
         lines.append(f"device buffers   {word}{': ' + missing if missing else ''} "
                      f"(MPI gets CUDA memory only with all three)")
     lines[-1] += _staging_hint(cuda, ranks)
+    if fault_tolerance is not None:
+        # Whether survivors of a lost rank can go on in place (elastic training, ULFM).
+        lines.append(f"MPI ULFM         {'yes' if fault_tolerance.available else 'no'} "
+                     f"({fault_tolerance.detail})")
     lines += ["Horovod build    " + _format_horovod(horovod), "", _format_ranks(ranks)]
     return "\n".join(lines)
 

