@@ -216,8 +216,11 @@ class TorchState(ObjectState):
         super().restore()
 
     def sync(self):
+        # The synced state is the committed one: a failure before the first commit then
+        # restores rank 0's state on every rank, not each rank's own from before the sync.
         for entry in self._kept.values():
             entry.sync()
+            entry.save()
         super().sync()
 
     def snapshot(self):
