@@ -16,6 +16,9 @@ On a cluster none of these is needed: launch with ``mpirun`` or ``srun`` directl
 
 :func:`run_bounded` runs a launch with a time limit, and kills a hung one with every process
 it started (the tests and ``hpctrain study`` launch through it).
+
+``python -m hpctrain.launch`` is :mod:`hpctrain.launch.__main__`; with ``--elastic`` it runs
+:mod:`hpctrain.launch.elastic`, which starts the job again when ranks are lost.
 """
 
 import os
@@ -23,13 +26,18 @@ import shlex
 import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 #: Set to ``1`` in every rank's environment when the launcher writes to a terminal.
 PROGRESS_TTY = "HPCTRAIN_PROGRESS_TTY"
 
-USAGE = "usage: python -m hpctrain.launch -np N [MPIRUN OPTIONS --] COMMAND..."
+def find_mpirun():
+    """The path of ``mpirun``; ``FileNotFoundError`` saying how to get one."""
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        raise FileNotFoundError("mpirun not found: install Open MPI (scripts/setup does) or "
+                                "put it on PATH")
+    return mpirun
 
 
 def mpirun_command(np, command, *, mpirun="mpirun", extra=(), tty=False):
@@ -67,7 +75,7 @@ RUNTIME_VARIABLE_PREFIXES = ("PMIX_", "ORTE_", "OMPI_COMM_WORLD_", "OMPI_APP_CTX
 def launch_environment(environ=None):
     """``environ`` (default ``os.environ``) without the variables of a running MPI runtime,
     nor ``HPCTRAIN_PROGRESS_TTY``, nor a wait policy hpctrain chose."""
-    from .mpi_support import WAIT_POLICY, YIELD_WHEN_IDLE
+    from ..mpi_support import WAIT_POLICY, YIELD_WHEN_IDLE
 
     environ = os.environ if environ is None else environ
     # PROGRESS_TTY describes the output of the launch that set it; a launch started from one
@@ -152,26 +160,3 @@ def split_options(rest):
         raise ValueError("mpirun options must be followed by -- and the command")
     end = rest.index("--")
     return rest[:end], rest[end + 1:]
-
-
-def main(argv=None):
-    """``python -m hpctrain.launch -np N [MPIRUN OPTIONS --] COMMAND...``: exec mpirun."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) < 3 or argv[0] not in ("-np", "-n") or not argv[1].isdigit():
-        sys.exit(USAGE)
-    np = int(argv[1])
-    try:
-        extra, command = split_options(argv[2:])
-    except ValueError as exc:
-        sys.exit(f"python -m hpctrain.launch: {exc}\n{USAGE}")
-    if not command:
-        sys.exit("python -m hpctrain.launch: no command to launch")
-    mpirun = shutil.which("mpirun")
-    if mpirun is None:
-        sys.exit("mpirun not found: install Open MPI (scripts/setup does) or put it on PATH")
-    full = mpirun_command(np, command, mpirun=mpirun, extra=extra, tty=sys.stdout.isatty())
-    os.execve(mpirun, full, launch_environment())
-
-
-if __name__ == "__main__":
-    main()
