@@ -27,7 +27,20 @@ world = MPI.COMM_WORLD
 victim = int(sys.argv[1]) if len(sys.argv) > 1 else world.size - 1
 # Our own communicator: revoking it leaves COMM_WORLD to MPI_Finalize.
 comm = world.Dup()
-comm.Barrier()      # everyone is up before anyone dies
+
+
+def barrier_error():
+    """The error of a barrier on ``comm``, or None when it completes."""
+    try:
+        comm.Barrier()
+    except MPI.Exception as error:
+        return error
+    return None
+
+
+# Everyone is up before anyone dies. The victim leaves this barrier as soon as it has
+# completed there, and may die while a slower rank is still inside it: there it fails too.
+error = barrier_error()
 if comm.rank == victim:
     print(f"rank {victim}: SIGKILL at t={time.time():.6f}", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
@@ -35,15 +48,14 @@ if comm.rank == victim:
 # The victim never comes. Without ULFM (no --with-ft ulfm) mpirun ends the job here; with it
 # this barrier fails on every survivor, with PROC_FAILED where the failure was seen first and
 # REVOKED where another survivor's revoke arrived before that.
-try:
-    comm.Barrier()
+error = error or barrier_error()
+if error is None:
     print(f"rank {world.rank}: the barrier without rank {victim} succeeded", flush=True)
     sys.exit(1)
-except MPI.Exception as error:
-    seen = time.time()
-    kind = {MPI.ERR_PROC_FAILED: "PROC_FAILED",
-            MPI.ERR_REVOKED: "REVOKED"}.get(error.Get_error_class(), error.Get_error_string())
-    print(f"rank {world.rank}: barrier failed with {kind} at t={seen:.6f}", flush=True)
+seen = time.time()
+kind = {MPI.ERR_PROC_FAILED: "PROC_FAILED",
+        MPI.ERR_REVOKED: "REVOKED"}.get(error.Get_error_class(), error.Get_error_string())
+print(f"rank {world.rank}: barrier failed with {kind} at t={seen:.6f}", flush=True)
 
 comm.Revoke()       # the others may still wait in the barrier: interrupt them
 survivors = comm.Shrink()
