@@ -21,22 +21,11 @@ import time
 
 import torch
 import torch.nn.functional as F
-from sklearn.datasets import load_digits
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
 import hpctrain.torch as hvd     # was: import horovod.torch as hvd
-
-
-def datasets():
-    """Train and test splits of the 8x8 digits, scaled to [0, 1]."""
-    digits = load_digits()
-    x = torch.tensor(digits.data, dtype=torch.float32) / 16.0
-    y = torch.tensor(digits.target, dtype=torch.int64)
-    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
-    x, y = x[order], y[order]
-    cut = int(0.8 * len(x))
-    return TensorDataset(x[:cut], y[:cut]), TensorDataset(x[cut:], y[cut:])
+from horovod_style import datasets      # the digits' train and test splits, as there
 
 
 def accuracy(model, test_set):

@@ -9,16 +9,13 @@ Each launch has a time limit: a survivor left waiting hangs until then, and the 
 the test. Like tests/test_vcluster.py, it needs root and network namespaces, else it skips.
 """
 
-import os
 import re
-import sys
-from pathlib import Path
 
 import pytest
 
 from conftest import run_bounded
 from test_elastic_in_place import COMMIT_EVERY, EXAMPLE, lost_steps, steps
-from test_vcluster import VCLUSTER, missing_for_vcluster, script
+from test_vcluster import VCLUSTER, emulated_cluster
 
 LAUNCH_TIMEOUT = 180    # s: a job takes 10 to 30 here
 RESUMED_WITHIN = 30.0   # s from the first SIGKILL to the first step on 2 ranks (0.1 seen)
@@ -34,22 +31,8 @@ NO_FINALIZE_FENCE = ["--mca", "async_mpi_finalize", "1"]
 @pytest.fixture(scope="module")
 def ft_cluster(tmp_path_factory, ft_python):
     """Environment for ``scripts/vcluster mpirun`` on 2 hosts x 2 slots with the ft stack."""
-    missing = missing_for_vcluster()
-    if missing:
-        pytest.skip(f"emulated cluster: {missing}")
-    venv_bin = str(Path(sys.prefix) / "bin")
-    path = ":".join(d for d in os.environ["PATH"].split(":") if d != venv_bin)
-    env = {**os.environ, "HPCTRAIN_VCLUSTER_DIR": str(tmp_path_factory.mktemp("vcluster-ft")),
-           "HPCTRAIN_VCLUSTER_PREFIX": f"hpe{os.getpid() % 100000}", "PATH": path,
-           "HPCTRAIN_VENV": str(ft_python.parents[1])}
-    env.pop("VIRTUAL_ENV", None)
-    up = script(env, "up", "--hosts", "2", "--slots", "2", "--rate", "1gbit")
-    assert up.returncode == 0, up.stdout + up.stderr
-    try:
+    with emulated_cluster(tmp_path_factory, 2, 2, "hpe", venv=ft_python.parents[1]) as env:
         yield env
-    finally:
-        down = script(env, "down")
-        assert down.returncode == 0, down.stdout + down.stderr
 
 
 def run_ft(env, np, *command):

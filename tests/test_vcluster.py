@@ -8,6 +8,7 @@ qdiscs: where any is missing, every test here is skipped with a reason that name
 the project's first. Every launch is bounded, and a hung one is killed with all it started.
 """
 
+import contextlib
 import os
 import re
 import shutil
@@ -50,20 +51,24 @@ def missing_for_vcluster():
     return ""
 
 
-@pytest.fixture(scope="module")
-def vcluster(tmp_path_factory):
-    """Environment that addresses a 2-host, 1 slot per host, 1 Gbit/s emulated cluster."""
+@contextlib.contextmanager
+def emulated_cluster(tmp_path_factory, hosts, slots, prefix, venv=None):
+    """Environment that addresses an emulated cluster of ``hosts`` x ``slots`` at 1 Gbit/s,
+    with a namespace prefix and state folder of its own (``venv``: the stack whose mpirun it
+    runs, default the one of this interpreter); taken down, and checked gone, at the end."""
     missing = missing_for_vcluster()
     if missing:
         pytest.skip(f"emulated cluster: {missing}")
     venv_bin = str(Path(sys.prefix) / "bin")
     path = ":".join(d for d in os.environ["PATH"].split(":") if d != venv_bin)
-    env = {**os.environ, "HPCTRAIN_VCLUSTER_DIR": str(tmp_path_factory.mktemp("vcluster")),
-           "HPCTRAIN_VCLUSTER_PREFIX": f"hpt{os.getpid() % 100000}", "PATH": path}
+    env = {**os.environ, "HPCTRAIN_VCLUSTER_DIR": str(tmp_path_factory.mktemp(prefix)),
+           "HPCTRAIN_VCLUSTER_PREFIX": f"{prefix}{os.getpid() % 100000}", "PATH": path}
     env.pop("VIRTUAL_ENV", None)
-    if Path(sys.prefix) != REPO / ".venv":  # run from another environment: vcluster's choice
+    if venv is not None:
+        env["HPCTRAIN_VENV"] = str(venv)
+    elif Path(sys.prefix) != REPO / ".venv":  # run from another environment: vcluster's choice
         env["HPCTRAIN_VENV"] = sys.prefix
-    up = script(env, "up", "--hosts", "2", "--slots", "1", "--rate", "1gbit")
+    up = script(env, "up", "--hosts", str(hosts), "--slots", str(slots), "--rate", "1gbit")
     assert up.returncode == 0, up.stdout + up.stderr
     try:
         yield env
@@ -73,6 +78,13 @@ def vcluster(tmp_path_factory):
         left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
                               timeout=SCRIPT_TIMEOUT).stdout
         assert env["HPCTRAIN_VCLUSTER_PREFIX"] + "-" not in left, "down left namespaces behind"
+
+
+@pytest.fixture(scope="module")
+def vcluster(tmp_path_factory):
+    """Environment that addresses a 2-host, 1 slot per host, 1 Gbit/s emulated cluster."""
+    with emulated_cluster(tmp_path_factory, 2, 1, "hpt") as env:
+        yield env
 
 
 def script(env, *args):
