@@ -92,7 +92,7 @@ def test_a_killed_rank_is_restarted_from_the_last_commit(tmp_path):
     assert run.returncode == 0, run.output
     (np1, _, why1), (np2, hosts2, why2) = starts(run.output)
     assert (np1, np2, hosts2) == (2, 2, "localhost:2"), run.output
-    assert why1 == "first start, from the beginning: no commit yet", run.output
+    assert why1 == "first start, no commit in the state folder yet", run.output
     assert why2 == f"restart 1 of 3, from the commit in {folder}", run.output
     assert END.findall(run.output)[0][1:] == ("137", "a rank ended by SIGKILL"), run.output
     # Steps 0-2 on the first start, 3-5 on the second: every step once, on 2 ranks.
@@ -137,7 +137,7 @@ def test_added_slots_relaunch_the_job_on_more_ranks(discovery, tmp_path):
                   "--hosts-file", discovery.hosts, "--grow", "0,2,localhost:4")
     assert run.returncode == 0, run.output
     assert starts(run.output) == [
-        (2, "localhost:2", "first start, from the beginning: no commit yet"),
+        (2, "localhost:2", "first start, no commit in the state folder yet"),
         (3, "localhost:3", f"hosts added, from the commit in {folder}")], run.output
     assert "more hosts: localhost:3 (np 2 -> 3); published as hosts.json version 2" \
         in run.output, run.output

@@ -410,7 +410,8 @@ class ElasticJob:
         if (self.folder / contract.STATE_FILE).exists():
             whence = f"from the commit in {self.folder}"
         else:
-            whence = "from the beginning: no commit yet"
+            # hpctrain train --elastic commits to its own checkpoints, not to state.pt.
+            whence = "no commit in the state folder yet"
         say(f"start {self.starts}: np {np} on {host_list(hosts)} ({why}, {whence})")
         argv = elastic_command(np, None if self.local else hosts, self.options.command,
                                settings=self.settings(),
