@@ -40,7 +40,7 @@ def test_a_run_writes_metrics_configuration_and_checkpoint(config, capsys):
     assert [int(r["epoch"]) for r in rows] == [1, 2, 3] and int(rows[-1]["step"]) == 45
     assert float(rows[-1]["val_acc"]) > 0.5 and result.step == 45
     saved = checkpoint.load(config.run_path / "checkpoint.pt")
-    assert saved["sampler"] == {"epoch": 3, "batch": 0} and saved["step"] == 45
+    assert saved["sampler"] == {"epoch": 3, "batch": 0, "start": 0} and saved["step"] == 45
     assert same_weights(saved["model"], result.state)
     assert (config.run_path / "config.toml").read_text() == config.to_toml()
 

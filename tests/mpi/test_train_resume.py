@@ -57,4 +57,5 @@ def test_checkpoint_holds_position_step_and_rank_count(comm, config):
     train(config, comm)
     saved = checkpoint.load(config.run_path / "checkpoint.pt") if comm.rank == 0 else None
     saved = comm.bcast(saved and {k: saved[k] for k in ("sampler", "step", "world_size")})
-    assert saved == {"sampler": {"epoch": 0, "batch": 5}, "step": 5, "world_size": comm.size}
+    assert saved == {"sampler": {"epoch": 0, "batch": 5, "start": 0}, "step": 5,
+                     "world_size": comm.size}
