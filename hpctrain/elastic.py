@@ -59,14 +59,14 @@ def state_dir(environ=None):
     return Path(value) if value else None
 
 
-def int_setting(name, default, environ=None):
+def int_setting(name, default, environ=None, least=1):
     """The integer setting ``name`` of the environment, else ``default``; ``ValueError``
-    naming it when it is not a whole number >= 1."""
+    naming it when it is not a whole number >= ``least``."""
     value = (os.environ if environ is None else environ).get(name)
     if value in (None, ""):
         return default
-    if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"{name}={value!r}: give a whole number >= 1")
+    if not value.isdigit() or int(value) < least:
+        raise ValueError(f"{name}={value!r}: give a whole number >= {least}")
     return int(value)
 
 

@@ -68,6 +68,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._should_synchronize = True
         self._synchronized = False
         self.comm_seconds = 0.0
+        self._launcher_rank = launcher_rank()     # the fault point's rank, read once
         # Called on the communication thread before each bucket's reduction (fault tests).
         self.before_reduce = None
         named = _name_parameters(self.param_groups, named_parameters)
@@ -81,8 +82,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     # --- during backward ---------------------------------------------------------------------
 
     def _submit(self, bucket):
-        if world() is not self._world:
-            self._adopt(world())
+        current = world()
+        if current is not self._world:
+            self._adopt(current)
         if bucket.request is None:
             bucket.request = self._request(bucket)
         # The same name and signature every step: numbered in the engine's cache after the
@@ -208,7 +210,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def step(self, closure=None):
         """Synchronize (unless inside ``skip_synchronize``), then the wrapped step."""
-        faults.inject("torch.step", launcher_rank())
+        faults.inject("torch.step", self._launcher_rank)
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "

@@ -67,8 +67,7 @@ def test_the_sampler_splits_the_rest_of_the_epoch_without_repeating_a_sample(com
     first = list(sampler)[:2]                     # two batches of one sample per rank
     for batch in range(2):
         sampler.record_batch(batch, 1)
-    done = set(hvd.allgather_object(first)[0]) if comm.size == 1 else \
-        {i for share in hvd.allgather_object(first) for i in share}
+    done = {i for share in hvd.allgather_object(first) for i in share}
     # A reset (a rank lost, say) repartitions what is left over the ranks there are now.
     sampler.load_state_dict(sampler.state_dict())
     rest = hvd.allgather_object(list(sampler))

@@ -48,7 +48,7 @@ class State:
         self._reset_callbacks = []
         self.running = 0            # calls of hvd.elastic.run at work on this state
         self.commits = 0            # commits made (hvd.elastic.run counts resets between)
-        self._hosts_version = job.int_setting(job.ENV_HOSTS_VERSION, 0)
+        self._hosts_version = job.int_setting(job.ENV_HOSTS_VERSION, 0, least=0)
 
     def register_reset_callbacks(self, callbacks):
         """Call each of ``callbacks`` (no arguments) after every reset: a rank lost or
