@@ -360,3 +360,59 @@ def test_setup_with_system_packages_keeps_the_outer_torch_and_mpi4py(bundle, tmp
     assert all(path.startswith(sys.prefix) for path in where), (where, sys.prefix)
     assert not list((tmp_path / "v").glob("lib/python*/site-packages/torch")), \
         "a second torch was installed"
+
+
+# ----- scripts/gpu-verify: what it says where it cannot run ---------------------------------------
+
+def fake_carry(folder):
+    """A carry folder with one file and a manifest that matches it."""
+    folder.mkdir()
+    (folder / "openmpi-cuda.prefix").write_text("/nowhere\n")
+    subprocess.run("sha256sum ./openmpi-cuda.prefix > MANIFEST.sha256", shell=True, check=True,
+                   cwd=folder)
+    return folder
+
+
+def summary_of(out):
+    return (out / "summary.md").read_text()
+
+
+def test_gpu_verify_without_the_carried_files_says_how_to_get_them(tmp_path):
+    out = tmp_path / "out"
+    code, text = run([SCRIPTS / "gpu-verify", "--carry", tmp_path / "empty", "--out", out])
+    assert code == 1, text
+    assert "no carried files" in text and "--download" in text
+    assert "| preflight | FAIL |" in summary_of(out)
+
+
+def test_gpu_verify_with_a_changed_carried_file_refuses_to_run(tmp_path):
+    carry = fake_carry(tmp_path / "carry")
+    (carry / "openmpi-cuda.prefix").write_text("/elsewhere\n")
+    code, text = run([SCRIPTS / "gpu-verify", "--carry", carry, "--out", tmp_path / "out"])
+    assert code == 1, text
+    assert "do not match their MANIFEST.sha256" in text
+
+
+def test_gpu_verify_without_a_gpu_says_so_and_leaves_its_summary(tmp_path, no_cuda):
+    carry = fake_carry(tmp_path / "carry")
+    out = tmp_path / "out"
+    code, text = run([SCRIPTS / "gpu-verify", "--carry", carry, "--out", out,
+                      "--python", sys.executable], env=no_cuda)
+    assert code == 1, text
+    assert "no GPU: nvidia-smi is not installed" in text
+    assert "no GPU" in summary_of(out)
+    assert (out / "summary.json").exists()
+
+
+@pytest.mark.parametrize("args, want", [(["--budget", "9m"], "--budget takes whole seconds"),
+                                        (["--bogus"], "usage: scripts/gpu-verify")])
+def test_gpu_verify_refuses_bad_options(tmp_path, args, want):
+    code, text = run([SCRIPTS / "gpu-verify", "--out", tmp_path / "out", *args])
+    assert code == 2, text
+    assert want in text
+
+
+def test_gpu_verify_download_needs_horovods_tests(tmp_path):
+    code, text = run([SCRIPTS / "gpu-verify", "--download", "--carry", tmp_path / "carry"])
+    assert code == 2, text
+    assert "--horovod-tests DIR" in text and "git clone --branch v0.28.1" in text
