@@ -303,3 +303,63 @@ def test_the_gpu_check_script_refuses_to_pretend_without_a_gpu(tmp_path, driver)
     assert "[gpu-check] no GPU: " in output and "nothing was checked" in output
     reason = "sees no CUDA device" if driver else "nvidia-smi is not installed"
     assert reason in output, output
+
+
+# ----- the device kernels whose output MPI reads next wait for their stream -----------------
+# A CUDA-aware MPI reads device memory without waiting for the kernels queued on it: a kernel
+# that writes what MPI sends next must have finished (on an H100 the ring's average, taken of
+# its own chunk between its two phases, and the allgathers' copy of their own block were
+# sent unfinished). Here the stream is a stand-in that notes each wait and what the data held.
+
+@pytest.fixture
+def waits(monkeypatch):
+    noted = []
+    monkeypatch.setattr(torch.cuda, "current_stream",
+                        lambda device=None: SimpleNamespace(
+                            synchronize=lambda: noted.append(device)))
+    return noted
+
+
+@pytest.mark.parametrize("dtype, total, want", [("float32", 6.0, 2.0), ("int64", -7, -3),
+                                                ("bfloat16", 6.0, 2.0)])
+def test_the_average_on_the_device_waits_for_its_division(waits, dtype, total, want):
+    from hpctrain.collectives.reduce import averager
+
+    flat = torch.full((5,), total, dtype=DTYPES[dtype].torch)
+    averager(DTYPES[dtype], 3, on_device=True)(flat)
+    assert flat.tolist() == [want] * 5
+    assert waits == [flat.device]
+
+
+def test_the_average_on_the_host_has_no_stream_to_wait_for(waits):
+    import numpy as np
+
+    from hpctrain.collectives.reduce import averager
+
+    flat = np.full(4, 9.0, dtype=np.float32)
+    averager(DTYPES["float32"], 3, on_device=False)(flat)
+    assert flat.tolist() == [3.0] * 4 and waits == []
+
+
+class DeviceBlock:
+    """Stands in for a CUDA tensor: ``is_cuda`` and a device; notes what is written."""
+
+    is_cuda, device = True, "cuda:0"
+
+    def __init__(self):
+        self.written = None
+
+    def __setitem__(self, index, value):
+        self.written = value
+
+
+def test_a_ranks_own_block_placed_on_the_device_is_waited_for(waits):
+    from hpctrain.collectives.algorithm import place
+
+    block = DeviceBlock()
+    place(block, "mine")
+    assert block.written == "mine" and waits == ["cuda:0"]
+    host = torch.zeros(3)
+    place(host, torch.ones(3))
+    assert host.tolist() == [1.0] * 3 and waits == ["cuda:0"]
+

@@ -18,7 +18,7 @@ ring's equal-sized steps win for large ones where ``p`` is not a power of two.
 
 import math
 
-from .algorithm import AllgatherAlgorithm, flat_cost, register
+from .algorithm import AllgatherAlgorithm, flat_cost, place, register
 from .butterfly import block_butterfly, hand_over, recursive_doubling_gather
 
 
@@ -35,7 +35,7 @@ class ButterflyAllgather(AllgatherAlgorithm):
         if sched.fold == "out":
             hand_over(comm, send, recv, partner, tag)    # my block; every block back
             return
-        recv[bounds[rank]:bounds[rank + 1]] = send
+        place(recv[bounds[rank]:bounds[rank + 1]], send)
         if sched.fold == "in":
             comm.Recv(recv[bounds[partner]:bounds[partner + 1]], partner, tag)
         recursive_doubling_gather(comm, recv, sched.steps, tag)

@@ -11,7 +11,7 @@ lacks, the lower bound, so the ring wins for large messages; its ``p - 1`` laten
 it lose to the butterfly's ``lg p`` for small ones.
 """
 
-from .algorithm import AllgatherAlgorithm, flat_cost, register
+from .algorithm import AllgatherAlgorithm, flat_cost, place, register
 from .ring import allgather, ring_of_blocks
 
 
@@ -23,7 +23,7 @@ class RingAllgather(AllgatherAlgorithm):
 
     def run(self, comm, send, recv, bounds):
         rank = comm.Get_rank()
-        recv[bounds[rank]:bounds[rank + 1]] = send
+        place(recv[bounds[rank]:bounds[rank + 1]], send)
         allgather(comm, recv, ring_of_blocks(comm.Get_size(), rank, bounds), self.tag)
 
     def cost(self, nbytes, ranks, nodes, params):

@@ -9,7 +9,7 @@ lower bound on bytes; only a store-and-forward (Bruck) algorithm, ``lg p`` messa
 ``n/2`` bytes each, has fewer latencies, for tiny blocks.
 """
 
-from .algorithm import AlltoallAlgorithm, flat_cost, register
+from .algorithm import AlltoallAlgorithm, flat_cost, place, register
 
 
 @register
@@ -20,8 +20,8 @@ class PairwiseAlltoall(AlltoallAlgorithm):
 
     def run(self, comm, send, send_bounds, recv, recv_bounds):
         size, rank, tag = comm.Get_size(), comm.Get_rank(), self.tag
-        recv[recv_bounds[rank]:recv_bounds[rank + 1]] = \
-            send[send_bounds[rank]:send_bounds[rank + 1]]
+        place(recv[recv_bounds[rank]:recv_bounds[rank + 1]],
+              send[send_bounds[rank]:send_bounds[rank + 1]])
         # In step s rank r sends to r + s, which receives from (r + s) - s = r in the same
         # step: each send meets its receive in one Sendrecv. A blocking Send first would
         # deadlock a ring of ranks all sending, once blocks pass MPI's eager limit.

@@ -59,14 +59,24 @@ def _torch_reducer(torch_dtype, op, synchronize):
 
 def averager(dtype, size, on_device):
     """``finish(flat)``: divide the sum by ``size`` in place; floor division for integers
-    (``-3 // 2 == -2``, as Python and ``np.floor_divide`` round)."""
+    (``-3 // 2 == -2``, as Python and ``np.floor_divide`` round).
+
+    On the device it waits for the kernel before returning, as :func:`device_reducer` does:
+    the ring divides its own chunk between its two phases and MPI then sends that chunk
+    straight from device memory (without the wait, seen on an H100: the other ranks got
+    the undivided sum)."""
     if on_device or dtype.half:
         torch_dtype = dtype.torch
         import torch
 
         as_tensor = (lambda t: t) if on_device else torch.from_numpy
         mode = "floor" if dtype.integer else None
-        return lambda flat: as_tensor(flat).view(torch_dtype).div_(size, rounding_mode=mode)
+
+        def finish(flat):
+            quotient = as_tensor(flat).view(torch_dtype).div_(size, rounding_mode=mode)
+            if on_device:
+                torch.cuda.current_stream(quotient.device).synchronize()
+        return finish
     if dtype.integer:
         return lambda flat: np.floor_divide(flat, size, out=flat)
     return lambda flat: np.divide(flat, size, out=flat)
