@@ -37,8 +37,24 @@ within moments instead of waiting for a rank that has gone or moved on; every op
 this rank then fails with :class:`ProcessFailure`, after which ``hvd.elastic.run`` shrinks
 the world and goes on (:mod:`hpctrain.torch.elastic`).
 
-Threads: the callers' threads touch only ``submit``, ``join`` and ``close`` (the queue, and
-``_mine`` and ``_ended`` under ``_lock``); everything else is the communication thread's.
+The parts, and which thread may touch what:
+
+- :class:`Pending` — this rank's operations between ``submit`` and their run: the callers'
+  threads add to it (under its lock, which also orders them against the end), the
+  communication thread takes, pops and ends it;
+- the wire messages (:class:`OpAsked`, :class:`CachedAsked`, :class:`JoinAsked`,
+  :class:`ShutdownAsked`) — what a rank tells the others in a negotiation; built and read on
+  the communication thread only;
+- the negotiation (:meth:`Engine._exchange`, :meth:`Engine._merge`) and the table of
+  operations — communication thread only;
+- :class:`ResponseCache` — the numbered operations, the same on every rank; communication
+  thread only;
+- :class:`StallInspector` — the warning on rank 0 about operations some ranks never ask for,
+  and the deadlock verdict every rank reaches alike; communication thread only;
+- :class:`Joins` — the ranks that have joined, and this rank's waiting ``join``;
+  communication thread only;
+- the timeline — swapped (``set_timeline``) and written on the communication thread only: a
+  caller's ``set_timeline`` is queued like a request and waited for.
 """
 
 import os
@@ -48,6 +64,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -189,13 +206,256 @@ class _Entry:
         self.repeats = True     # every rank that asked said it repeats, or came from the cache
 
 
-class _Cached:
-    """A numbered operation of the cache: its number, signature and every rank's description."""
+# ----- what a rank tells the others in a negotiation (communication thread only) ------------
 
-    __slots__ = ("number", "signature", "describes")
+@dataclass(frozen=True)
+class OpAsked:
+    """A rank asks for an operation, sent whole (pickled in the ``Allgatherv``)."""
 
-    def __init__(self, number, signature, describes):
-        self.number, self.signature, self.describes = number, signature, describes
+    set_id: int
+    name: str
+    signature: tuple
+    info: object
+    describe: str
+    repeats: bool
+
+    @property
+    def key(self):
+        return (self.set_id, self.name)
+
+
+@dataclass(frozen=True)
+class CachedAsked:
+    """A rank asks again for a numbered operation of the cache (one bit of the
+    ``Iallgather``; never pickled)."""
+
+    number: int
+
+
+@dataclass(frozen=True)
+class JoinAsked:
+    """A rank has joined (:func:`hpctrain.torch.join`)."""
+
+
+@dataclass(frozen=True)
+class ShutdownAsked:
+    """A rank shuts down: every rank's thread ends after this cycle."""
+
+
+@dataclass
+class Control:
+    """A caller's request that is not an operation, queued beside them: ``kind`` is
+    ``"join"``, ``"shutdown"`` or ``"timeline"`` (``value``: the new timeline, or
+    ``None``); ``handle`` is finished when the communication thread has done it."""
+
+    kind: str
+    handle: object = None
+    value: object = None
+
+
+# ----- the parts ---------------------------------------------------------------------------
+
+class Pending:
+    """This rank's operations between ``submit`` and their run.
+
+    Threads: the callers' threads call :meth:`add` and :meth:`control`; the communication
+    thread calls :meth:`take`, :meth:`pop` and :meth:`end`. ``_lock`` makes "not ended yet?
+    then queue" one step against :meth:`end`, which sets the reason and then drains: a
+    request is either refused, or queued before the drain and failed by it; never queued
+    after it, to wait for ever.
+    """
+
+    def __init__(self, waiters):
+        self._queue = Inbox()
+        self._mine = {}                 # key -> Request, submitted, not yet run or failed
+        self._lock = threading.Lock()
+        self._waiters = waiters
+        self.ended = None               # why operations fail now (None while running)
+        self.failure = HorovodInternalError
+
+    def add(self, request):
+        """Queue ``request`` (a caller's thread); ``ValueError`` if a request of its name
+        is in flight, the end's error if the engine has ended."""
+        with self._lock:
+            if self.ended is not None:
+                raise self.failure(self.ended)
+            key = request.key
+            if key in self._mine:
+                raise ValueError(f"Requested to {request.signature[0]} a tensor with the "
+                                 f"same name as another tensor that is currently being "
+                                 f"processed: {request.name!r}. Names in flight must be "
+                                 f"unique.")
+            self._mine[key] = request
+            request.handle.waiters = self._waiters
+            self._queue.put(request)
+        return request.handle
+
+    def control(self, item):
+        """Queue a :class:`Control` (a caller's thread); the end's error if ended."""
+        with self._lock:
+            if self.ended is not None:
+                raise self.failure(self.ended)
+            self._queue.put(item)
+
+    def take(self, timeout):
+        """The next queued item within ``timeout`` seconds (``None``: wait at most no time;
+        raises ``queue.Empty``)."""
+        if timeout is None:
+            return self._queue.get_nowait()
+        return self._queue.get(timeout=timeout)
+
+    def pop(self, key):
+        """This rank's request of ``key``, taken out (``None`` if it has none)."""
+        return self._mine.pop(key, None)
+
+    def restore(self, key, request):
+        """Put back a request whose run a death interrupted: :meth:`end` fails it."""
+        self._mine[key] = request
+
+    def end(self, reason, failure):
+        """Fail every operation of this rank that will now never run, and every later one."""
+        with self._lock:
+            self.ended, self.failure = reason, failure
+        for request in list(self._mine.values()):
+            request.handle.finish(error=failure(reason))
+        self._mine.clear()
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item.handle is not None:
+                item.handle.finish(error=failure(reason))
+            if isinstance(item, Control) and item.kind == "timeline" and item.value is not None:
+                item.value.close()
+
+
+class ResponseCache:
+    """Operations asked for again and again, numbered alike on every rank (see the module
+    docstring). Communication thread only: filled and read from what every rank gathered."""
+
+    def __init__(self):
+        self._entries = {}              # key -> (number, signature, describes by rank)
+        self.numbered = []              # the keys by number
+
+    def __contains__(self, key):
+        return key in self._entries
+
+    def number_of(self, request):
+        """The number that announces ``request`` (``None``: send it whole)."""
+        entry = self._entries.get(request.key) if request.repeats else None
+        if entry is not None and entry[1] == request.signature:
+            return entry[0]
+        return None
+
+    def asked(self, number, rank):
+        """What rank ``rank`` asked for by ``number``: ``(key, signature, describe)``."""
+        key = self.numbered[number]
+        _, signature, describes = self._entries[key]
+        return key, signature, describes.get(rank)
+
+    def words(self):
+        """How many 64-bit words announce the numbered operations."""
+        return -(-len(self.numbered) // 64)
+
+    def remember(self, key, entry, signature, joined):
+        """Number an operation that is about to run and will repeat (the same decision on
+        every rank: it rests only on what every rank gathered)."""
+        if not entry.repeats or joined or key in self._entries or \
+                len(self.numbered) >= CACHE_SIZE:
+            return
+        self._entries[key] = (len(self.numbered), signature, dict(entry.describes))
+        self.numbered.append(key)
+
+
+class Joins:
+    """The ranks that have joined, in order, and this rank's waiting ``join``.
+    Communication thread only."""
+
+    def __init__(self):
+        self.order = {}                 # rank -> order of joining (the same on every rank)
+        self.handle = None              # this rank's join, waiting
+
+    def __bool__(self):
+        return bool(self.order)
+
+    def __contains__(self, rank):
+        return rank in self.order
+
+    def add(self, rank):
+        self.order[rank] = len(self.order)
+
+    def complete(self, size):
+        """When every rank has joined: finish this rank's join with the rank that joined
+        last, start afresh, and say so."""
+        if len(self.order) != size:
+            return False
+        last = max(self.order, key=self.order.get)
+        self.order.clear()
+        handle, self.handle = self.handle, None
+        if handle is not None:
+            handle.finish(last)
+        return True
+
+    def fail(self, error):
+        if self.handle is not None:
+            self.handle.finish(error=error)
+            self.handle = None
+
+
+class StallInspector:
+    """Operations some ranks never ask for: rank 0 warns once an operation has waited
+    ``STALL_S`` (as Horovod's stall inspector), and every rank fails everything in flight
+    once every rank has been blocked with nothing moving for ``DEADLOCK_S`` — decided alike
+    on every rank, from the same table, flags and clock (rank 0's, sent in every
+    negotiation). Communication thread only."""
+
+    def __init__(self, rank):
+        self.rank = rank
+        self.blocked = []               # per rank, from the last negotiation
+        self.clock = 0.0                # rank 0's clock at the last negotiation (seconds)
+        self._warned = set()
+        self._quiet_since = None        # rank 0's clock when every rank became blocked
+
+    def note(self, blocked, clock):
+        """What the last negotiation said: which ranks wait, and rank 0's clock."""
+        self.blocked, self.clock = blocked, clock
+
+    def settled(self, key):
+        """``key`` ran or failed: forget it."""
+        self._warned.discard(key)
+
+    def warn(self, table, missing):
+        """Rank 0: name, once, the ranks an operation has waited ``STALL_S`` for
+        (``missing(key, entry)``)."""
+        if not STALL_S or self.rank != 0 or not table:
+            return
+        now = time.monotonic()
+        for key, entry in table.items():
+            if key in self._warned or now - entry.since < STALL_S:
+                continue
+            self._warned.add(key)
+            print(f"[hpctrain] warning: {key[1]!r} has waited {now - entry.since:.0f} s for "
+                  f"rank(s) {_ranks(missing(key, entry))}, which have not asked for it: a "
+                  f"rank that skips a collective, or issues it under another name, stalls "
+                  f"the others", flush=True)
+
+    def deadlock(self, table, moved, missing):
+        """The reason to fail everything in flight, or ``None``: every rank blocked for
+        ``DEADLOCK_S`` on operations that no other rank asked for, with nothing asked or
+        run meanwhile (ranks that issued different names, say)."""
+        if moved or not table or not all(self.blocked):
+            self._quiet_since = None
+            return None
+        if self._quiet_since is None:
+            self._quiet_since = self.clock
+        if self.clock - self._quiet_since < DEADLOCK_S:
+            return None
+        self._quiet_since = None
+        waits = [f"{key[1]!r} asked for by rank(s) {_ranks(entry.signatures)}, never by "
+                 f"rank(s) {_ranks(missing(key, entry))}" for key, entry in table.items()]
+        return ("deadlock: every rank is waiting for an operation that another rank will "
+                "never ask for (ranks must ask for the same names): " + "; ".join(waits))
 
 
 class Engine:
@@ -204,6 +464,8 @@ class Engine:
     ``comm``: the world's private communicator, used only by this thread; ``sets``: the
     live process sets by id (this rank's communicator of each, ``None`` where it is not a
     member) — read by the thread, so it is changed only by operations that run there.
+    Callers' threads use :meth:`submit`, :meth:`join`, :meth:`set_timeline` and
+    :meth:`close`; every attribute is the communication thread's.
     """
 
     def __init__(self, comm, sets, joined_runs, revoke=None):
@@ -211,61 +473,44 @@ class Engine:
         self.sets = sets
         self.joined_runs = joined_runs      # kind -> run(comm, signature) for a joined rank
         self.revoke = revoke                # revoke() every communicator, after a death
-        self.timeline = None            # set by hvd.start_timeline
-        self._queue = Inbox()
-        self._mine = {}                 # key -> Request of this rank, submitted, not yet run
-        self._table = OrderedDict()     # key -> _Entry, the same on every rank
-        self._cache = {}                # key -> _Cached, the same on every rank
-        self._numbered = []             # the cache's keys by number
-        self._joined = {}               # rank -> order of joining (the same on every rank)
-        self._join_handle = None
-        self._stalled = set()
-        self._started = 0.0             # when the last negotiation began (monotonic)
+        self.timeline = None                # swapped by set_timeline, on this thread
         self._waiters = Waiters()
-        self._blocked = [False] * self.size     # per rank, from the last negotiation
-        self._clock = 0.0               # rank 0's clock at the last negotiation (seconds)
-        self._quiet_since = None        # rank 0's clock when every rank became blocked
+        self.pending = Pending(self._waiters)
+        self.cache = ResponseCache()
+        self.joins = Joins()
+        self.stalls = StallInspector(self.rank)
+        self._table = OrderedDict()     # key -> _Entry, the same on every rank
+        self._started = 0.0             # when the last negotiation began (monotonic)
         self._stop = threading.Event()
-        self._lock = threading.Lock()   # _ended and the queue's last puts against _end
-        self._ended = None              # why operations fail now (None while running)
-        self._failure = HorovodInternalError
         self._thread = threading.Thread(target=self._serve, name="hpctrain-comm", daemon=True)
         self._thread.start()
 
-    # ----- the caller's side ----------------------------------------------------------------
+    # ----- the callers' side ----------------------------------------------------------------
 
     def submit(self, request):
         """Queue ``request``; return its :class:`Handle`. ``ValueError`` (here, before
         anything is queued) if this rank already has an operation of that name in flight."""
-        # Under the lock: a request queued after _end has drained the queue would wait for
-        # ever; _end sets _ended under the same lock, so the request is refused here.
-        with self._lock:
-            if self._ended is not None:
-                raise self._failure(self._ended)
-            if request.key in self._mine:
-                raise ValueError(f"Requested to {request.signature[0]} a tensor with the "
-                                 f"same name as another tensor that is currently being "
-                                 f"processed: {request.name!r}. Names in flight must be "
-                                 f"unique.")
-            self._mine[request.key] = request
-            request.handle.waiters = self._waiters
-            timeline = self.timeline
-            if timeline is not None:
-                timeline.begin(_label(request.name, request.signature),
-                               f"NEGOTIATE_{request.signature[0].upper()}")
-            self._queue.put(request)
-        return request.handle
+        return self.pending.add(request)
 
     def join(self):
         """This rank has no more data: take part in the others' allreduces with zeros until
         every rank has joined; return the rank that joined last. Blocks."""
         handle = Handle()
         handle.waiters = self._waiters
-        with self._lock:
-            if self._ended is not None:
-                raise self._failure(self._ended)
-            self._queue.put(("join", handle))
+        self.pending.control(Control("join", handle))
         return handle.wait()
+
+    def set_timeline(self, timeline):
+        """Record operations into ``timeline`` from now on (``None``: stop), closing the one
+        it replaces: done on the communication thread, which alone writes timelines; this
+        returns once it is done. After the end, there is no thread: done here."""
+        handle = Handle()
+        try:
+            self.pending.control(Control("timeline", handle, timeline))
+        except HorovodInternalError:
+            self._swap_timeline(timeline)
+            return
+        handle.wait()
 
     def close(self, wait=True):
         """End the thread on every rank (after the cycle that carries this request);
@@ -275,10 +520,18 @@ class Engine:
             self._stop.set()
             return
         if self._thread.is_alive():
-            self._queue.put(("shutdown", None))
+            try:
+                self.pending.control(Control("shutdown"))
+            except HorovodInternalError:
+                pass                    # ended meanwhile: the thread is ending too
             self._thread.join()
 
     # ----- the communication thread ---------------------------------------------------------
+
+    def _swap_timeline(self, timeline):
+        old, self.timeline = self.timeline, timeline
+        if old is not None and old is not timeline:
+            old.close()
 
     def _serve(self):
         reason = "Horovod has been shut down"
@@ -296,14 +549,17 @@ class Engine:
                               "of the ranks finished execution.")
                     break
                 ran = self._run_ready()
-                self._warn_stalls()
+                self.stalls.warn(self._table, self._missing)
                 # Whether anything was asked or ran is known alike on every rank.
-                self._break_deadlock(ran or any(gathered))
+                why = self.stalls.deadlock(self._table, ran or any(gathered), self._missing)
+                if why is not None:
+                    for key, entry in list(self._table.items()):
+                        self._fail_entry(key, entry, why)
         except BaseException as exc:  # noqa: B036 - every waiting caller must hear of it
             if not process_failure(exc):
                 reason = f"the communication thread failed: {exc!r}"
                 raise
-            self._failure, reason = ProcessFailure, self._lost(exc)
+            self.pending.failure, reason = ProcessFailure, self._lost(exc)
         finally:
             self._end(reason)
 
@@ -322,7 +578,7 @@ class Engine:
                 f"hvd.elastic.run goes on from the last commit on the ranks that are left")
 
     def _take(self):
-        """This rank's requests for the next negotiation.
+        """This rank's requests for the next negotiation: ``(messages, numbers)``.
 
         While operations wait in the table (or a rank has joined), negotiations keep
         Horovod's rhythm: one per cycle (``HPCTRAIN_CYCLE_TIME_MS``, 1 ms as Horovod's
@@ -333,39 +589,45 @@ class Engine:
         """
         items = []
         try:
-            if self._table or self._joined:
+            if self._table or self.joins:
                 while True:
                     remaining = self._started + CYCLE_S - time.monotonic()
                     if remaining <= 0:
                         break
-                    items.append(self._queue.get(timeout=remaining))
+                    items.append(self.pending.take(remaining))
             else:
-                items.append(self._queue.get(timeout=CYCLE_S))
+                items.append(self.pending.take(CYCLE_S))
             while True:
-                items.append(self._queue.get_nowait())
+                items.append(self.pending.take(None))
         except queue.Empty:
             pass
         self._started = time.monotonic()
         mine, bits = [], []
         for item in items:
-            if isinstance(item, Request):
-                cached = self._cache.get(item.key) if item.repeats else None
-                if cached is not None and cached.signature == item.signature:
-                    bits.append(cached.number)
-                    continue
-                mine.append(("op", item.set_id, item.name, item.signature, item.info,
-                             item.describe, item.repeats))
+            if isinstance(item, Control):
+                if item.kind == "timeline":
+                    self._swap_timeline(item.value)
+                    item.handle.finish()
+                elif item.kind == "join":
+                    self.joins.handle = item.handle
+                    mine.append(JoinAsked())
+                else:
+                    mine.append(ShutdownAsked())
+                continue
+            if self.timeline is not None:
+                self.timeline.begin(_label(item.name, item.signature),
+                                    f"NEGOTIATE_{item.signature[0].upper()}")
+            number = self.cache.number_of(item)
+            if number is not None:
+                bits.append(number)
             else:
-                kind, handle = item
-                if kind == "join":
-                    self._join_handle = handle
-                mine.append((kind,))
+                mine.append(OpAsked(item.set_id, item.name, item.signature, item.info,
+                                    item.describe, item.repeats))
         return mine, bits
 
     def _exchange(self, mine, bits):
-        """Every rank's requests of this cycle, in rank order (``None`` if stopped): each
-        rank's cached operations, announced by number (``("cached", number)``), then the
-        requests it sent whole."""
+        """Every rank's messages of this cycle, in rank order (``None`` if stopped): each
+        rank's numbered operations (:class:`CachedAsked`), then what it sent whole."""
         from mpi4py import MPI
 
         payload = pickle.dumps(mine, protocol=pickle.HIGHEST_PROTOCOL) if mine else b""
@@ -374,7 +636,7 @@ class Engine:
         # per cached operation it asks for now. Every rank has the same cache, so the same
         # number of words.
         # An idle cycle (every millisecond) packs and unpacks no bits: 3 us instead of 13.
-        words = -(-len(self._numbered) // 64)
+        words = self.cache.words()
         send = np.zeros(3 + words, dtype="<u8")
         send[:3] = (len(payload), self._waiters.count > 0, time.monotonic_ns() // 1000)
         if bits:
@@ -393,13 +655,12 @@ class Engine:
             if self._stop.is_set():
                 return None
             time.sleep(POLL_S)
-        counts, blocked = both[:, 0].astype(np.int64), both[:, 1]
-        self._blocked = blocked.astype(bool).tolist()
-        self._clock = int(both[0, 2]) / 1e6
+        counts = both[:, 0].astype(np.int64)
+        self.stalls.note(both[:, 1].astype(bool).tolist(), int(both[0, 2]) / 1e6)
         gathered = [[] for _ in range(self.size)]
         if both[:, 3:].any():
             asked = np.unpackbits(both[:, 3:].view(np.uint8), axis=1, bitorder="little")
-            gathered = [[("cached", int(n)) for n in np.flatnonzero(row)] for row in asked]
+            gathered = [[CachedAsked(int(n)) for n in np.flatnonzero(row)] for row in asked]
         if not counts.any():
             return gathered
         data = np.empty(int(counts.sum()), dtype=np.uint8)
@@ -413,22 +674,19 @@ class Engine:
         return gathered
 
     def _merge(self, gathered):
-        """Add every rank's requests to the table; True when a rank asked to shut down."""
+        """Add every rank's messages to the table; True when a rank asked to shut down."""
         shutdown = False
-        for rank, requests in enumerate(gathered):
-            for request in requests:
-                kind = request[0]
-                if kind == "cached":
-                    key = self._numbered[request[1]]
-                    cached = self._cache[key]
-                    self._add(key, rank, cached.signature, None, cached.describes.get(rank),
-                              True)
-                elif kind == "op":
-                    _, set_id, name, signature, info, describe, repeats = request
-                    self._add((set_id, name), rank, signature, info, describe, repeats)
-                elif kind == "join":
-                    self._joined[rank] = len(self._joined)
-                elif kind == "shutdown":
+        for rank, messages in enumerate(gathered):
+            for message in messages:
+                if isinstance(message, CachedAsked):
+                    key, signature, describe = self.cache.asked(message.number, rank)
+                    self._add(key, rank, signature, None, describe, True)
+                elif isinstance(message, OpAsked):
+                    self._add(message.key, rank, message.signature, message.info,
+                              message.describe, message.repeats)
+                elif isinstance(message, JoinAsked):
+                    self.joins.add(rank)
+                elif isinstance(message, ShutdownAsked):
                     shutdown = True
         return shutdown
 
@@ -441,18 +699,14 @@ class Engine:
         entry.describes[rank] = describe
         entry.repeats = entry.repeats and repeats
 
-    def _remember(self, key, entry, signature, joined):
-        """Number an operation that is about to run and will repeat (the same decision on
-        every rank: it rests only on what every rank gathered)."""
-        if not entry.repeats or joined or key in self._cache or \
-                len(self._numbered) >= CACHE_SIZE:
-            return
-        self._cache[key] = _Cached(len(self._numbered), signature, dict(entry.describes))
-        self._numbered.append(key)
-
     def _members(self, set_id):
         """The world ranks of process set ``set_id``, in the set's rank order."""
         return self.sets[set_id].ranks
+
+    def _missing(self, key, entry):
+        """The members of ``key``'s set that have neither asked for it nor joined."""
+        members = self._members(key[0]) if key[0] in self.sets else []
+        return [r for r in members if r not in entry.signatures and r not in self.joins]
 
     def _run_ready(self):
         """Run every operation that all its ranks asked for, in table order; True if any
@@ -464,47 +718,14 @@ class Engine:
             if members is None:
                 self._fail_entry(key, entry, f"process set {key[0]} has been removed")
                 continue
-            joined = [r for r in members if r in self._joined and r not in entry.signatures]
+            joined = [r for r in members if r in self.joins and r not in entry.signatures]
             if any(r not in entry.signatures and r not in joined for r in members):
                 continue
             del self._table[key]
-            self._stalled.discard(key)
+            self.stalls.settled(key)
             self._run_entry(key, entry, members, joined)
             ran = True
-        if self._joined and len(self._joined) == self.size:
-            last = max(self._joined, key=self._joined.get)
-            self._joined.clear()
-            handle, self._join_handle = self._join_handle, None
-            if handle is not None:
-                handle.finish(last)
-            ran = True
-        return ran
-
-    def _break_deadlock(self, moved):
-        """Fail everything in flight, on every rank, once every rank has been blocked
-        waiting for operations that no other rank asked for, for ``DEADLOCK_S`` seconds
-        with nothing asked or run meanwhile (ranks that issued different names, say). Every
-        rank sees the same table, the same flags and the same clock (rank 0's, sent in
-        every negotiation), so all decide alike, in the same negotiation, however slowly
-        negotiations go on a loaded machine."""
-        if moved or not self._table or not all(self._blocked):
-            self._quiet_since = None
-            return
-        if self._quiet_since is None:
-            self._quiet_since = self._clock
-        if self._clock - self._quiet_since < DEADLOCK_S:
-            return
-        self._quiet_since = None
-        waits = []
-        for (set_id, name), entry in self._table.items():
-            members = self._members(set_id) if set_id in self.sets else []
-            missing = [r for r in members if r not in entry.signatures]
-            waits.append(f"{name!r} asked for by rank(s) {_ranks(entry.signatures)}, never by "
-                         f"rank(s) {_ranks(missing)}")
-        why = ("deadlock: every rank is waiting for an operation that another rank will "
-               "never ask for (ranks must ask for the same names): " + "; ".join(waits))
-        for key, entry in list(self._table.items()):
-            self._fail_entry(key, entry, why)
+        return self.joins.complete(self.size) or ran
 
     def _run_entry(self, key, entry, members, joined):
         signatures = set(entry.signatures.values())
@@ -520,8 +741,8 @@ class Engine:
                 f"{signature[0]} cannot run while rank(s) {_ranks(joined)} have joined "
                 f"(hvd.join): only allreduce takes joined ranks' zeros"))
             return
-        self._remember(key, entry, signature, joined)
-        request = self._mine.pop(key, None)
+        self.cache.remember(key, entry, signature, joined)
+        request = self.pending.pop(key)
         if request is None and self.rank not in joined:
             return                      # not a member of this set
         comm = self.sets[key[0]].comm
@@ -541,7 +762,7 @@ class Engine:
             if request is None:
                 raise
             if process_failure(exc):
-                self._mine[key] = request   # failed by _end, with the reason every rank has
+                self.pending.restore(key, request)  # failed by _end, with every rank's reason
                 raise
             request.handle.finish(error=exc)
         finally:
@@ -550,41 +771,13 @@ class Engine:
 
     def _fail_entry(self, key, entry, why):
         self._table.pop(key, None)
-        self._stalled.discard(key)
-        request = self._mine.pop(key, None)
+        self.stalls.settled(key)
+        request = self.pending.pop(key)
         if request is not None:
             request.handle.finish(error=HorovodInternalError(why))
 
-    def _warn_stalls(self):
-        if not STALL_S or self.rank != 0 or not self._table:
-            return
-        now = time.monotonic()
-        for key, entry in self._table.items():
-            if key in self._stalled or now - entry.since < STALL_S:
-                continue
-            self._stalled.add(key)
-            members = self._members(key[0]) if key[0] in self.sets else []
-            missing = [r for r in members if r not in entry.signatures and r not in self._joined]
-            print(f"[hpctrain] warning: {key[1]!r} has waited {now - entry.since:.0f} s for "
-                  f"rank(s) {_ranks(missing)}, which have not asked for it: a rank that "
-                  f"skips a collective, or issues it under another name, stalls the others",
-                  flush=True)
-
     def _end(self, reason):
         """Fail every operation of this rank that will now never run."""
-        error = self._failure
-        with self._lock:
-            self._ended = reason
-        for request in list(self._mine.values()):
-            request.handle.finish(error=error(reason))
-        self._mine.clear()
-        while True:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            handle = item.handle if isinstance(item, Request) else item[1]
-            if handle is not None:
-                handle.finish(error=error(reason))
-        if self._join_handle is not None:
-            self._join_handle.finish(error=error(reason))
+        failure = self.pending.failure
+        self.pending.end(reason, failure)
+        self.joins.fail(failure(reason))

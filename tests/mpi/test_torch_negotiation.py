@@ -173,11 +173,13 @@ def test_a_bad_argument_on_one_rank_raises_there_and_fails_the_others(torch_algo
 def count_exchanges(engine):
     """Wrap ``engine``'s negotiation to count, per cycle, the requests this rank sent whole
     and those it announced by their number; return the counts and an undo."""
+    from hpctrain.torch.engine import OpAsked
+
     sent = {"whole": 0, "numbered": 0}
     exchange = engine._exchange
 
     def counted(mine, bits):
-        sent["whole"] += sum(1 for item in mine if item[0] == "op")
+        sent["whole"] += sum(1 for item in mine if isinstance(item, OpAsked))
         sent["numbered"] += len(bits)
         return exchange(mine, bits)
 
@@ -215,7 +217,7 @@ def test_an_optimizers_buckets_are_announced_by_number_after_their_first_step(to
         optimizer.close()
     # The first step sends every bucket whole; the next two announce them by number.
     counts = (sent["whole"], sent["numbered"])
-    everyone = comm.allgather([name for _, name in world().engine._numbered])
+    everyone = comm.allgather([name for _, name in world().engine.cache.numbered])
     ok = not bad and buckets >= 2 and counts == (buckets, 2 * buckets) and \
         all(names == everyone[0] for names in everyone)
     all_ranks(comm, ok, bad + [buckets, counts, everyone[comm.rank]])
@@ -239,7 +241,7 @@ def test_a_numbered_name_asked_with_another_signature_fails_every_rank(torch_alg
             repeats=True).wait()
 
     sums = [ask(4), ask(4)]     # the second is announced by its number
-    numbered = (0, "repeated") in w.engine._cache
+    numbered = (0, "repeated") in w.engine.cache
     # The last rank now asks for one element more, under the same name: not the numbered
     # operation, so it is sent whole and the others' numbers pair with it, then fail.
     error = raised(lambda: ask(5 if comm.rank == comm.size - 1 else 4))

@@ -76,13 +76,9 @@ def start_timeline(file_path, mark_cycles=False):
     from ..timeline import Timeline
 
     w = world()
-    stop_timeline()
-    w.engine.timeline = Timeline(file_path, w.rank, mark_cycles=mark_cycles)
+    w.engine.set_timeline(Timeline(file_path, w.rank, mark_cycles=mark_cycles))
 
 
 def stop_timeline():
     """Stop recording and close the trace file (nothing if none was started)."""
-    engine = world().engine
-    timeline, engine.timeline = engine.timeline, None
-    if timeline is not None:
-        timeline.close()
+    world().engine.set_timeline(None)

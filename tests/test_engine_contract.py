@@ -1,0 +1,115 @@
+"""The engine's thread contract, on one rank (``COMM_SELF``): what a caller's thread may do
+while the communication thread ends, and which thread touches the timeline.
+
+A request submitted while the engine ends must fail, never wait for ever: ``submit`` checks
+that the engine still runs and then queues; if the end ran in between (drained the queue,
+failed what it found), a request queued after it would be in nobody's hands. The first test
+pauses ``submit`` exactly there (the request's ``key`` is read right after the check) while
+the communication thread ends.
+"""
+
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+from mpi4py import MPI
+
+from hpctrain.torch.engine import Engine, HorovodInternalError, Request
+
+
+@pytest.fixture
+def engine():
+    comm = MPI.COMM_SELF.Dup()
+    engine = Engine(comm, {0: SimpleNamespace(ranks=[0], comm=comm)}, {})
+    yield engine
+    engine.close()
+    comm.Free()
+
+
+def echo(comm, infos):
+    return "ran"
+
+
+def test_a_request_submitted_while_the_engine_ends_fails_instead_of_waiting(engine):
+    checked, go = threading.Event(), threading.Event()
+
+    class PausedAfterTheCheck(Request):
+        __slots__ = ()
+
+        @property
+        def key(self):
+            if not checked.is_set():
+                checked.set()
+                go.wait(10)
+            return (self.set_id, self.name)
+
+    request = PausedAfterTheCheck(0, "late", ("allreduce",), "late", echo)
+    outcome = {}
+
+    def submit():
+        try:
+            outcome["handle"] = engine.submit(request)
+        except HorovodInternalError as exc:
+            outcome["refused"] = exc
+
+    caller = threading.Thread(target=submit)
+    caller.start()
+    assert checked.wait(10), "submit never read the request's key"
+    # The thread ends as when another rank's shutdown reaches it: without this rank's
+    # queue, whose lock the paused submit holds.
+    engine.close(wait=False)
+    time.sleep(0.5)             # the end runs now, unless submit holds it off
+    go.set()
+    caller.join(10)
+    assert not caller.is_alive()
+    if "refused" in outcome:
+        return                  # refused before anything was queued: also never waits
+    handle = outcome["handle"]
+    assert handle.done.wait(10), "the request was queued after the end and waits for ever"
+    with pytest.raises(HorovodInternalError, match="shut down"):
+        handle.wait()
+
+
+def test_after_the_end_every_request_is_refused_at_once(engine):
+    engine.close()
+    with pytest.raises(HorovodInternalError, match="shut down"):
+        engine.submit(Request(0, "after", ("allreduce",), "after", echo))
+    with pytest.raises(HorovodInternalError, match="shut down"):
+        engine.join()
+
+
+class ThreadNotingTimeline:
+    """A timeline that notes which thread called each of its methods."""
+
+    def __init__(self):
+        self.calls = []
+
+    def _note(self, what):
+        self.calls.append((what, threading.current_thread().name))
+
+    def begin(self, *args):
+        self._note("begin")
+
+    def end(self, *args):
+        self._note("end")
+
+    def mark_cycle(self):
+        self._note("mark_cycle")
+
+    def close(self):
+        self._note("close")
+
+
+def test_the_timeline_is_swapped_and_written_on_the_communication_thread_only(engine):
+    first, second = ThreadNotingTimeline(), ThreadNotingTimeline()
+    engine.set_timeline(first)
+    assert engine.submit(Request(0, "one", ("allreduce",), "one", echo)).wait() == "ran"
+    engine.set_timeline(second)             # returns once the first is closed
+    assert first.calls[-1][0] == "close"
+    assert engine.submit(Request(0, "two", ("allreduce",), "two", echo)).wait() == "ran"
+    engine.set_timeline(None)
+    for timeline in (first, second):
+        kinds = [what for what, _ in timeline.calls]
+        assert kinds.count("begin") == 2 and kinds.count("end") == 2 and kinds[-1] == "close"
+        assert {thread for _, thread in timeline.calls} == {"hpctrain-comm"}
