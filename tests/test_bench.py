@@ -1,11 +1,14 @@
 """The benchmarks: size parsing and fitting in-process, whole runs under mpirun."""
 
+import argparse
 import json
 import re
 
 import h5py
 import pytest
+import torch
 
+from hpctrain.bench import blocks, cli
 from hpctrain.bench.p2p import fit_alpha_beta
 from hpctrain.collectives import ALGORITHMS, REGISTRIES
 from hpctrain.bench.sizes import format_size, parse_size, size_range
@@ -101,6 +104,22 @@ def test_bench_allreduce_rejects_an_unknown_algorithm_on_every_rank(mpirun, hpct
     assert result.returncode == 2
     assert "unknown algorithm(s) rign in --algos; valid:" in result.output
     assert "Traceback" not in result.output
+
+
+def test_every_collective_command_has_a_plugin_that_fits_its_buffers():
+    # Two tables, kept apart so that parsing imports no torch: the command lines (cli) and
+    # the plug-ins (blocks). The same collectives in the same order, agreeing on -o and -r.
+    assert list(cli.COLLECTIVES) == list(blocks.PLUGINS)
+    args = argparse.Namespace(op="sum", root=1)
+    for name, plugin in blocks.PLUGINS.items():
+        command = cli.COLLECTIVES[name]
+        assert (plugin.reduces, plugin.rooted) == (command.op, bool(command.root)), name
+        assert REGISTRIES[name], name
+        # On 3 ranks, blocks of 5: each rank's input fills send, its exact result recv.
+        for rank in range(3):
+            send, recv = plugin.buffers(5, 3, torch.float32, "cpu")
+            assert plugin.inputs(5, rank, 3, torch.float32, "cpu").shape == send.shape, name
+            assert plugin.result(5, rank, 3, args, torch.float32).shape == recv.shape, name
 
 
 @pytest.mark.parametrize("collective", ["allgather", "reducescatter", "alltoall"])

@@ -56,6 +56,27 @@ def test_one_node_points_leave_the_links_between_nodes_unfitted():
     assert cost.Params.from_dict(fitted.as_dict()) == fitted
 
 
+def test_a_fit_held_at_zero_is_the_non_negative_optimum():
+    # Times that shrink with the size ask for negative per-byte costs: β and γ must stay at
+    # zero and α be refitted alone. The optimality (KKT) conditions of non-negative least
+    # squares on relative error, checked here without any solver: the gradient vanishes on
+    # every positive parameter and points outward (>= 0) on every zero one.
+    points = [(algo, n, p, 1e-5 * (1 - 0.01 * n.bit_length()) * (1 + 0.1 * (p - 2)))
+              for algo in ("ring", "tree", "butterfly") for p in (2, 3, 4)
+              for n in (8, 4096, 1 << 20)]
+    fitted = cost.fit(points)
+    assert fitted.alpha > 0 and fitted.beta == 0 and fitted.gamma == 0
+    rows = [cost.coefficients(a, n, p) for a, n, p, _ in points]
+    design = [[c / t for c in row[:3]] for row, (*_, t) in zip(rows, points)]
+    x = fitted.vector()[:3]
+    residual = [sum(d * v for d, v in zip(row, x)) - 1 for row in design]
+    for j, value in enumerate(x):
+        column = [row[j] for row in design]
+        scale = sum(c * c for c in column) ** 0.5 * sum(r * r for r in residual) ** 0.5
+        gradient = sum(c * r for c, r in zip(column, residual)) / scale
+        assert gradient == pytest.approx(0, abs=1e-9) if value > 0 else gradient >= -1e-9
+
+
 def test_at_512_nodes_of_8_the_hierarchical_allreduce_wins_large_messages():
     p, nodes, n = 4096, 512, 256 << 20
     times = {a: cost.predict(a, n, p, TWO_LEVEL, nodes) for a in cost.modelled()}

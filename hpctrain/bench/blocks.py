@@ -1,12 +1,16 @@
 """``hpctrain bench allgather|reducescatter|alltoall|broadcast``: every algorithm side by
 side, as nccl-tests times these collectives.
 
-One plug-in per collective (:data:`PLUGINS`: its buffers, its call, its exact result) on
-the allreduce benchmark's driver: the same ``#`` header, timing loop (warm-up, algorithms
-taking turns in rotated rounds, :func:`.allreduce.time_calls`), columns, correctness pass,
-footer and JSON/HDF5 outputs. The blocks are equal: ``count`` elements in all, ``count / p``
-per rank (``count`` rounded down to a multiple of ``p``, as nccl-tests does); broadcast
-moves the whole ``count`` from ``--root``.
+One plug-in per collective, an entry of :data:`PLUGINS` (its buffers, its call, its
+correctness input and exact result, its busbw line), on the allreduce benchmark's driver:
+the same ``#`` header, timing loop (warm-up, algorithms taking turns in rotated rounds,
+:func:`.allreduce.time_calls`), columns, correctness pass, footer and JSON/HDF5 outputs. A
+new collective is that entry and its command line in ``cli.COLLECTIVES`` (kept there so
+that parsing the command line imports no torch).
+
+The blocks are equal: ``count`` elements in all, ``count / p`` per rank (``count`` rounded
+down to a multiple of ``p``, as nccl-tests does); broadcast moves the whole ``count`` from
+``--root``.
 
 ``size`` is the whole vector's bytes: allgather's output, reduce-scatter's input,
 alltoall's input on each rank, broadcast's buffer. ``busbw = algbw * (p-1)/p`` for the
@@ -16,7 +20,9 @@ root receives the whole vector.
 """
 
 from argparse import Namespace
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -33,66 +39,93 @@ from .sizes import format_size, size_range
 
 @dataclass(frozen=True)
 class Plugin:
-    """One collective for the benchmark: how to call it and what it must give."""
+    """One collective for the shared driver: everything that differs from one to the next.
 
-    name: str                 # the command and REGISTRIES name
-    reduces: bool             # takes an op (-o)
-    blocks: bool              # the vector is cut into p blocks (all but broadcast)
+    The functions take ``per`` (one block's elements; broadcast: the whole vector's), the
+    ``rank`` and the number of ranks ``p``:
+
+    - ``sizes(per, p)``: the elements of ``(send, recv)``; ``recv`` ``None``: in place;
+    - ``call(algo, send, recv, counts, args, comm)``: a call of no arguments (``counts``:
+      ``per`` for each rank);
+    - ``inputs(per, rank, p, dtype, device)``: this rank's ``send`` for the correctness
+      pass (integers in [-3, 3], a different vector per rank);
+    - ``result(per, rank, p, args, dtype)``: what ``recv`` must then hold, exactly.
+    """
+
+    sizes: Callable
+    call: Callable
+    inputs: Callable
+    result: Callable
+    bus_line: str             # "# busbw = ..." with {factor}, {ranks} and {root} to fill
+    blocks: bool = True       # the vector is cut into p blocks (all but broadcast)
+    reduces: bool = False     # takes an op (-o)
+    rooted: bool = False      # takes a root (--root)
 
     def parts(self, ranks):
         """How many equal parts ``count`` is cut into (``per`` elements each)."""
         return ranks if self.blocks else 1
 
     def bus_factor(self, ranks):
-        """nccl-tests' busbw / algbw: (p-1)/p, or 1 for broadcast."""
+        """nccl-tests' busbw / algbw: (p-1)/p, the share of the vector each rank receives,
+        where the vector is cut into blocks; 1 where every rank receives all of it."""
         return (ranks - 1) / ranks if self.blocks else 1.0
 
     def buffers(self, per, ranks, dtype, device):
-        """``(send, recv)`` for blocks of ``per`` elements on ``ranks`` ranks (broadcast:
-        one buffer of ``per``, twice)."""
-        if not self.blocks:
-            buf = torch.zeros(per, dtype=dtype, device=device)
-            return buf, buf
-        total = per * ranks
-        sizes = {"allgather": (per, total), "reducescatter": (total, per),
-                 "alltoall": (total, total)}[self.name]
-        return tuple(torch.zeros(n, dtype=dtype, device=device) for n in sizes)
-
-    def call(self, algo, send, recv, per, args, comm):
-        """A call of ``algo`` on the buffers, with no arguments."""
-        counts = [per] * comm.size
-        if self.name == "allgather":
-            return lambda: collectives.allgather(send, recv, counts, algo, comm)
-        if self.name == "reducescatter":
-            return lambda: collectives.reduce_scatter(send, recv, counts, args.op, algo, comm)
-        if self.name == "broadcast":
-            return lambda: collectives.broadcast(send, args.root, algo, comm)
-        return lambda: collectives.alltoall(send, counts, recv, counts, algo, comm)
-
-    def inputs(self, per, rank, ranks, dtype, device):
-        """This rank's correctness input (integers in [-3, 3]; a different one per rank)."""
-        if self.name in ("allgather", "broadcast"):
-            return check_input(per, rank, dtype, device)
-        if self.name == "reducescatter":
-            return check_input(per * ranks, rank, dtype, device)
-        # alltoall: the block rank i sends rank j is check_input(per, i * p + j)
-        return torch.cat([check_input(per, rank * ranks + j, dtype, device)
-                          for j in range(ranks)])
-
-    def result(self, per, rank, ranks, args, dtype):
-        """What ``recv`` must hold on ``rank``, exactly."""
-        if self.name == "broadcast":
-            return check_input(per, args.root, dtype)
-        if self.name == "allgather":
-            return torch.cat([check_input(per, r, dtype) for r in range(ranks)])
-        if self.name == "reducescatter":
-            return expected(per * ranks, ranks, args.op, dtype)[rank * per:(rank + 1) * per]
-        return torch.cat([check_input(per, i * ranks + rank, dtype) for i in range(ranks)])
+        """``(send, recv)``, zeros (in place: one buffer, twice)."""
+        send_count, recv_count = self.sizes(per, ranks)
+        send = torch.zeros(send_count, dtype=dtype, device=device)
+        if recv_count is None:
+            return send, send
+        return send, torch.zeros(recv_count, dtype=dtype, device=device)
 
 
-#: The collectives ``bench`` times beside allreduce.
-PLUGINS = {name: Plugin(name, name == "reducescatter", name != "broadcast")
-           for name in ("allgather", "reducescatter", "alltoall", "broadcast")}
+def _blocks_line(vector):
+    return ("# busbw = algbw * (p-1)/p = algbw * {factor:.3f}; size: the whole vector "
+            f"({vector}), {{ranks}} blocks of count/p elements")
+
+
+def _blocks_of(per, seeds, dtype, device="cpu"):
+    return torch.cat([check_input(per, seed, dtype, device) for seed in seeds])
+
+
+#: The collectives ``bench`` times beside allreduce, by their command and REGISTRIES name;
+#: a new one adds an entry here and its command line in ``cli.COLLECTIVES``.
+PLUGINS = {
+    "allgather": Plugin(
+        sizes=lambda per, p: (per, per * p),
+        call=lambda algo, send, recv, counts, args, comm: partial(
+            collectives.allgather, send, recv, counts, algo, comm),
+        inputs=lambda per, rank, p, dtype, device: check_input(per, rank, dtype, device),
+        result=lambda per, rank, p, args, dtype: _blocks_of(per, range(p), dtype),
+        bus_line=_blocks_line("recv")),
+    "reducescatter": Plugin(
+        sizes=lambda per, p: (per * p, per),
+        call=lambda algo, send, recv, counts, args, comm: partial(
+            collectives.reduce_scatter, send, recv, counts, args.op, algo, comm),
+        inputs=lambda per, rank, p, dtype, device: check_input(per * p, rank, dtype, device),
+        result=lambda per, rank, p, args, dtype:
+            expected(per * p, p, args.op, dtype)[rank * per:(rank + 1) * per],
+        bus_line=_blocks_line("send"), reduces=True),
+    # The block rank i sends rank j is check_input(per, i * p + j).
+    "alltoall": Plugin(
+        sizes=lambda per, p: (per * p, per * p),
+        call=lambda algo, send, recv, counts, args, comm: partial(
+            collectives.alltoall, send, counts, recv, counts, algo, comm),
+        inputs=lambda per, rank, p, dtype, device:
+            _blocks_of(per, (rank * p + j for j in range(p)), dtype, device),
+        result=lambda per, rank, p, args, dtype:
+            _blocks_of(per, (i * p + rank for i in range(p)), dtype),
+        bus_line=_blocks_line("send, on each rank")),
+    "broadcast": Plugin(
+        sizes=lambda per, p: (per, None),
+        call=lambda algo, send, recv, counts, args, comm: partial(
+            collectives.broadcast, send, args.root, algo, comm),
+        inputs=lambda per, rank, p, dtype, device: check_input(per, rank, dtype, device),
+        result=lambda per, rank, p, args, dtype: check_input(per, args.root, dtype),
+        bus_line="# busbw = algbw (factor 1, as nccl-tests' broadcast); size: the whole "
+                 "vector, from root {root}",
+        blocks=False, rooted=True),
+}
 
 
 def run(collective, args, comm):
@@ -112,15 +145,18 @@ def run(collective, args, comm):
                 "redop": redop, "sizes": f"{format_size(args.minbytes)}..."
                 f"{format_size(args.maxbytes)} x{args.stepfactor}", "iters": args.iters,
                 "warmup": args.warmup, "check": args.check, "device": args.device}
-    if not plugin.blocks:
+    if plugin.rooted:
         settings["root"] = args.root
     factor = plugin.bus_factor(comm.size)
     _print(comm, *report.header_lines(collective, settings, comm))
-    _print(comm, _bus_line(collective, factor, comm.size, args), *_column_header())
+    bus_line = plugin.bus_line.format(factor=factor, ranks=comm.size,
+                                      root=getattr(args, "root", None))
+    _print(comm, bus_line, *_column_header())
     rows = []
     for per in blocks:
+        counts = [per] * comm.size
         send, recv = plugin.buffers(per, comm.size, dtype, device)
-        calls = {algo: plugin.call(algo, send, recv, per, args, comm) for algo in algos}
+        calls = {algo: plugin.call(algo, send, recv, counts, args, comm) for algo in algos}
         times = time_calls(calls, args, comm, send)
         for algo in algos:
             nbytes = per * parts * itemsize
@@ -161,7 +197,7 @@ def count_wrong(plugin, algo, per, args, comm, device):
     dtype = DTYPES[args.dtype]
     send, recv = plugin.buffers(per, comm.size, dtype, device)
     send.copy_(plugin.inputs(per, comm.rank, comm.size, dtype, device))
-    plugin.call(algo, send, recv, per, args, comm)()
+    plugin.call(algo, send, recv, [per] * comm.size, args, comm)()
     _sync(recv)
     if recv.numel() and faults.selected("bench.corrupt", comm.rank):
         recv[0] += 1  # proves that a wrong value is counted and fails the run
@@ -173,16 +209,6 @@ def count_wrong(plugin, algo, per, args, comm, device):
     else:
         bad = int((got != want).sum())
     return comm.allreduce(bad, op=MPI.SUM)
-
-
-def _bus_line(collective, factor, ranks, args):
-    if collective == "broadcast":
-        return (f"# busbw = algbw (factor 1, as nccl-tests' broadcast); size: the whole "
-                f"vector, from root {args.root}")
-    vector = {"allgather": "recv", "reducescatter": "send",
-              "alltoall": "send, on each rank"}[collective]
-    return (f"# busbw = algbw * (p-1)/p = algbw * {factor:.3f}; size: the whole vector "
-            f"({vector}), {ranks} blocks of count/p elements")
 
 
 def _save(collective, args, settings, rows, wrong):

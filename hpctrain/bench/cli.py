@@ -1,7 +1,33 @@
 """``hpctrain bench``: the allreduce, allgather, reduce-scatter, alltoall, broadcast and
 point-to-point benchmarks."""
 
+from typing import NamedTuple
+
 from .sizes import parse_size
+
+
+class Command(NamedTuple):
+    """The command line of one collective's benchmark (``bench/blocks.py`` has the rest)."""
+
+    moves: str                # what the collective moves, for the one-line help
+    size: str                 # what ``size`` is and how busbw is counted
+    buffers: str = "buffers"  # what each algorithm is timed on
+    op: bool = False          # takes -o
+    root: str = ""            # the help of -r/--root, where it takes one
+
+
+_BLOCKS = "size is the whole vector (p equal blocks); busbw = algbw*(p-1)/p"
+
+#: The collectives timed beside allreduce, in the help's order; each has its plug-in in
+#: ``blocks.PLUGINS``, which imports torch and so is not read here, before parsing.
+COLLECTIVES = {
+    "allgather": Command("every rank's block to every rank", _BLOCKS),
+    "reducescatter": Command("reduce, each rank keeping its block", _BLOCKS, op=True),
+    "alltoall": Command("block j of every rank to rank j", _BLOCKS),
+    "broadcast": Command("root's vector to every rank",
+                         "size is the whole vector; busbw = algbw (nccl-tests' factor 1)",
+                         buffers="buffer", root="the rank whose vector is broadcast"),
+}
 
 
 def add_parser(subparsers):
@@ -25,30 +51,19 @@ def add_parser(subparsers):
                            help="the profile for --algos auto: params.json of a study")
     allreduce.set_defaults(func=_run_allreduce)
 
-    for name, what in (("allgather", "every rank's block to every rank"),
-                       ("reducescatter", "reduce, each rank keeping its block"),
-                       ("alltoall", "block j of every rank to rank j")):
+    for name, command in COLLECTIVES.items():
         parser_ = kinds.add_parser(
-            name, help=f"time every {name} algorithm per size ({what}); check the results",
-            description=f"Time each {name} algorithm at each size on the same buffers, side "
-                        f"by side, as bench allreduce does. size is the whole vector (p "
-                        f"equal blocks); busbw = algbw*(p-1)/p. Exits 1 if any value was "
-                        f"wrong.")
+            name, help=f"time every {name} algorithm per size ({command.moves}); check the "
+                       f"results",
+            description=f"Time each {name} algorithm at each size on the same "
+                        f"{command.buffers}, side by side, as bench allreduce does. "
+                        f"{command.size}. Exits 1 if any value was wrong.")
         _common(parser_, default_min="1K", default_max="64M")
-        _collective(parser_, op=name == "reducescatter")
+        _collective(parser_, op=command.op)
+        if command.root:
+            parser_.add_argument("-r", "--root", type=int, default=0,
+                                 help=f"{command.root} (default: 0)")
         parser_.set_defaults(func=_run_blocks, collective=name)
-
-    broadcast = kinds.add_parser(
-        "broadcast", help="time every broadcast algorithm per size (root's vector to every "
-                          "rank); check the results",
-        description="Time each broadcast algorithm at each size on the same buffer, side by "
-                    "side, as bench allreduce does. size is the whole vector; busbw = algbw "
-                    "(nccl-tests' factor 1). Exits 1 if any value was wrong.")
-    _common(broadcast, default_min="1K", default_max="64M")
-    _collective(broadcast, op=False)
-    broadcast.add_argument("-r", "--root", type=int, default=0,
-                           help="the rank whose vector is broadcast (default: 0)")
-    broadcast.set_defaults(func=_run_blocks, collective="broadcast")
 
     p2p = kinds.add_parser(
         "p2p", help="ping-pong latency and bandwidth between ranks 0 and 1 (α and β)",
