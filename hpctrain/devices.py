@@ -1,24 +1,40 @@
-"""Which device a rank computes on: the usual one-GPU-per-rank mapping by node-local rank."""
+"""Where a rank runs: the ranks of its node (:func:`split_by_node`, the one node-local split
+of the package), and the device it computes on, by node-local rank (one GPU per rank)."""
+
+
+def split_by_node(comm, ranks_per_node=0):
+    """A new communicator of the ranks of ``comm`` on this rank's node, in ``comm``'s rank
+    order. Collective over ``comm``; the caller frees it.
+
+    ``ranks_per_node = k > 0`` stands in for the shared-memory nodes: ranks
+    ``[i·k, (i+1)·k)`` of ``comm`` form node ``i``, so that one machine can play several.
+    """
+    rank = comm.Get_rank()
+    if ranks_per_node:
+        return comm.Split(rank // ranks_per_node, key=rank)
+    from mpi4py import MPI
+
+    return comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+
+
+def node_rank_and_size(comm):
+    """``(rank, size)`` of this rank among the ranks of ``comm`` on its node (collective
+    over ``comm``)."""
+    local = split_by_node(comm)
+    try:
+        return local.Get_rank(), local.Get_size()
+    finally:
+        local.Free()
 
 
 def node_local_rank(comm):
     """This rank's index among the ranks of ``comm`` on its node (collective over ``comm``)."""
-    return _on_node(comm, lambda local: local.Get_rank())
+    return node_rank_and_size(comm)[0]
 
 
 def ranks_on_node(comm):
     """How many ranks of ``comm`` share this rank's node (collective over ``comm``)."""
-    return _on_node(comm, lambda local: local.Get_size())
-
-
-def _on_node(comm, ask):
-    from mpi4py import MPI
-
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
-    try:
-        return ask(local)
-    finally:
-        local.Free()
+    return node_rank_and_size(comm)[1]
 
 
 def rank_device(kind, comm):

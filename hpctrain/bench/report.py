@@ -1,7 +1,7 @@
 """What every benchmark prints and writes: a ``#`` header, and JSON or HDF5 results.
 
-Only rank 0 prints or writes; files are written to a temporary name and renamed, so a
-failed run never leaves half a result.
+Only rank 0 prints or writes; files are published with :func:`~hpctrain.data.atomic.atomic_path`
+(temporary name, ``fsync``, rename), so a failed run never leaves half a result.
 """
 
 import json
@@ -11,6 +11,7 @@ import platform
 import numpy as np
 
 from .. import __version__, mpi_support
+from ..data.atomic import atomic_path
 from ..info import versions
 
 
@@ -43,7 +44,9 @@ def environment():
 
 def write_json(path, document):
     """Write ``document`` as JSON to ``path`` atomically."""
-    _atomic(path, lambda tmp: _dump_json(tmp, document))
+    with atomic_path(path) as tmp, open(tmp, "w") as f:
+        json.dump(document, f, indent=1)
+        f.write("\n")
 
 
 def write_hdf5(path, name, rows, attrs, tables=None):
@@ -52,15 +55,12 @@ def write_hdf5(path, name, rows, attrs, tables=None):
     written whole or not at all."""
     import h5py
 
-    def write(tmp):
-        with h5py.File(tmp, "w") as f:
-            table = f.create_dataset(name, data=_structured(rows))
-            for key, value in attrs.items():
-                table.attrs[key] = json.dumps(value) if isinstance(value, (dict, list)) else value
-            for other, other_rows in (tables or {}).items():
-                f.create_dataset(other, data=_structured(other_rows))
-
-    _atomic(path, write)
+    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+        table = f.create_dataset(name, data=_structured(rows))
+        for key, value in attrs.items():
+            table.attrs[key] = json.dumps(value) if isinstance(value, (dict, list)) else value
+        for other, other_rows in (tables or {}).items():
+            f.create_dataset(other, data=_structured(other_rows))
 
 
 def _structured(rows):
@@ -77,20 +77,3 @@ def _structured(rows):
             fields.append((key, "f8"))
     return np.array([tuple(row[k] for k, _ in fields) for row in rows], dtype=fields)
 
-
-def _dump_json(path, document):
-    with open(path, "w") as f:
-        json.dump(document, f, indent=1)
-        f.write("\n")
-
-
-def _atomic(path, write):
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp{os.getpid()}")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)

@@ -17,6 +17,7 @@ command-line choices and the tests (:meth:`Algorithm.examples`). A new algorithm
 - optionally :meth:`~Algorithm.cost`: its time in the α-β-γ model (:mod:`.cost`).
 """
 
+import itertools
 import os
 import zlib
 from dataclasses import dataclass
@@ -42,7 +43,8 @@ ENV_ALLREDUCE = "HPCTRAIN_ALLREDUCE"
 #: The first tag handed out by :func:`register`; user tags are never seen on our private
 #: communicator, this only keeps each algorithm's messages apart from the others'.
 FIRST_TAG = 11
-_NEXT_TAG = [FIRST_TAG]
+#: The tags not yet given to an algorithm, in order.
+_FREE_TAGS = itertools.count(FIRST_TAG)
 
 
 def place(dst, src):
@@ -71,8 +73,8 @@ def register(algorithm_class):
     if algorithm.name in registry:
         raise ValueError(f"{algorithm.collective} algorithm {algorithm.name!r} registered "
                          f"twice")
-    algorithm.tag = _NEXT_TAG[0]
-    _NEXT_TAG[0] += algorithm.tags
+    taken = [next(_FREE_TAGS) for _ in range(algorithm.tags)]
+    algorithm.tag = taken[0]
     registry[algorithm.name] = algorithm
     return algorithm_class
 

@@ -48,11 +48,6 @@ def model_choices():
 ENV_PROFILE = "HPCTRAIN_ALLREDUCE_PROFILE"
 DEFAULT_PROFILE = "runs/study-allreduce/params.json"
 
-_ACTIVE = []        # [Profile] once use() was called
-#: The name under which ``allreduce`` caches the plans of ``algo="auto"``: new with every
-#: profile, so that plans chosen by an older one are never reused.
-NAME = ["auto#0"]
-
 
 @dataclass(frozen=True)
 class Profile:
@@ -143,21 +138,39 @@ def profile_path():
     return os.environ.get(ENV_PROFILE) or DEFAULT_PROFILE
 
 
+class Active:
+    """The profile ``algo="auto"`` consults in this process (``None`` until :func:`use`),
+    and ``name``, under which ``allreduce`` caches the plans of ``algo="auto"``:
+    ``auto#<profiles given so far>``, new with every profile, so that plans chosen by an
+    older one are never reused."""
+
+    def __init__(self):
+        self.profile = None
+        self.given = 0
+        self.name = "auto#0"
+
+
+#: What ``algo="auto"`` uses now; the driver reads ``ACTIVE.name`` at every such call.
+ACTIVE = Active()
+
+
 def in_use():
     """True once :func:`use` gave this process a profile."""
-    return bool(_ACTIVE)
+    return ACTIVE.profile is not None
 
 
 def use(profile):
     """Make ``profile`` the one ``algo="auto"`` consults (in this process)."""
-    _ACTIVE[:] = [profile]
-    NAME[0] = f"auto#{int(NAME[0][5:]) + 1}"
+    ACTIVE.profile = profile
+    ACTIVE.given += 1
+    ACTIVE.name = f"auto#{ACTIVE.given}"
 
 
 def choice(nbytes, ranks):
     """``(algo, profile)`` for an ``auto`` call; ``UsageError`` if no profile is in use."""
-    if not _ACTIVE:
+    profile = ACTIVE.profile
+    if profile is None:
         raise UsageError(f"algo='auto' needs a profile: call hpctrain.collectives.auto.use("
                          f"auto.load(PATH)) first, or start hpctrain.torch with {ENV_PROFILE} "
                          f"set (train: --allreduce-profile PATH)")
-    return _ACTIVE[0].choose(nbytes, ranks), _ACTIVE[0]
+    return profile.choose(nbytes, ranks), profile

@@ -18,13 +18,17 @@ from ..errors import UsageError
 from .dtypes import DTYPES, NUMPY_DTYPES, bad_dtype
 
 
-class _NoTensor:
-    pass
+class Seen:
+    """What :func:`flatten` has met: ``tensor`` is ``torch.Tensor`` once a tensor went
+    through it (torch is imported by then), so that the driver compares types with it
+    without importing torch; ``None`` before, which no ``type(buf)`` is."""
+
+    def __init__(self):
+        self.tensor = None
 
 
-#: ``[torch.Tensor]`` once a tensor has been seen (torch is imported by then): the driver
-#: compares types with it without importing torch.
-TENSOR = [_NoTensor]
+#: What the driver compares a buffer's type with.
+SEEN = Seen()
 
 
 def flatten(buf, what="allreduce", writes=True):
@@ -79,7 +83,7 @@ def _torch_of(buf, what):
     if torch is None or not isinstance(buf, torch.Tensor):
         raise UsageError(f"{what} needs a NumPy array or a torch tensor, got "
                          f"{type(buf).__name__}")
-    TENSOR[0] = torch.Tensor
+    SEEN.tensor = torch.Tensor
     return torch
 
 

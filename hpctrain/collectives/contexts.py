@@ -226,9 +226,8 @@ class Context:
     def free(self):
         """Release the set-ups and the private communicator (when the user's communicator
         is freed)."""
-        global LAST
-        if LAST[1] is self:
-            LAST = (None, None)
+        if AT_HAND.last[1] is self:
+            AT_HAND.last = (None, None)
         self.views.clear()
         self.last_view = NO_VIEW
         self.forget_plans()
@@ -279,11 +278,21 @@ def _device_empty(count, dtype, device):
 
 
 _KEYVAL = None
-#: The Context of COMM_WORLD, the common case, kept at hand for the driver.
-WORLD = None
-#: (communicator, Context) of the last explicit comm= argument. Replaced whole, never
-#: changed in place: another thread may read it between the driver's two lookups.
-LAST = (None, None)
+
+
+class AtHand:
+    """The contexts the driver finds without a lookup: ``world``, the Context of
+    COMM_WORLD (the common case), and ``last``, the (communicator, Context) of the last
+    explicit ``comm=`` argument. ``last`` is replaced whole, never changed in place: another
+    thread may read it between the driver's two lookups."""
+
+    def __init__(self):
+        self.world = None
+        self.last = (None, None)
+
+
+#: The driver's shortcuts: :func:`context` sets them, :meth:`Context.free` clears ``last``.
+AT_HAND = AtHand()
 
 
 def context(comm=None):
@@ -292,16 +301,16 @@ def context(comm=None):
     The first call per communicator is collective (``Dup``); the context is stored as an
     attribute of ``comm`` and freed with it.
     """
-    global WORLD, LAST
-    if comm is None and WORLD is not None:
-        return WORLD
+    world = AT_HAND.world
+    if comm is None and world is not None:
+        return world
     _load_mpi()
     if comm is None or comm is MPI.COMM_WORLD:
-        if WORLD is None:
-            WORLD = Context(MPI.COMM_WORLD)
+        if AT_HAND.world is None:
+            AT_HAND.world = Context(MPI.COMM_WORLD)
         if comm is not None:
-            LAST = (comm, WORLD)
-        return WORLD
+            AT_HAND.last = (comm, AT_HAND.world)
+        return AT_HAND.world
     if not isinstance(comm, MPI.Intracomm):
         raise UsageError(f"allreduce needs an mpi4py intracommunicator, got "
                          f"{type(comm).__name__}")
@@ -311,7 +320,7 @@ def context(comm=None):
     if ctx is None:
         ctx = Context(comm)
         comm.Set_attr(_KEYVAL, ctx)
-    LAST = (comm, ctx)   # at hand for the next call; comm.Free() clears it (Context.free)
+    AT_HAND.last = (comm, ctx)   # at hand for the next call; comm.Free() clears it (Context.free)
     return ctx
 
 
@@ -321,7 +330,7 @@ def existing(comm):
     if MPI is None:
         return None
     if comm is MPI.COMM_WORLD:
-        return WORLD
+        return AT_HAND.world
     return comm.Get_attr(_KEYVAL)
 
 
@@ -329,8 +338,9 @@ def shape(comm=None):
     """``(size, rank)`` of ``comm`` (``None``: ``COMM_WORLD``), from local calls only: a
     call's arguments are checked with it before the first use of its context, which is
     collective (``Dup``)."""
-    if comm is None and WORLD is not None:
-        return WORLD.size, WORLD.rank
+    world = AT_HAND.world
+    if comm is None and world is not None:
+        return world.size, world.rank
     _load_mpi()
     comm = MPI.COMM_WORLD if comm is None else comm
     if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:

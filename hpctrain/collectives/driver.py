@@ -11,7 +11,7 @@ whose plan exists.
 import numpy as np
 
 from . import auto, contexts
-from .buffers import TENSOR, copy_in, copy_out, flatten, fused_buffer, segments
+from .buffers import SEEN, copy_in, copy_out, flatten, fused_buffer, segments
 from .check import empty_vector, with_layout
 from .contexts import LastCall, context
 from ..errors import UsageError
@@ -55,11 +55,11 @@ def allreduce(buf, op="sum", algo="ring", comm=None, check=True, **options):
     data is staged through a reused page-locked host buffer.
     """
     if algo == "auto":
-        algo = auto.NAME[0]     # "auto#<generation of the profile in use>"
+        algo = auto.ACTIVE.name     # "auto#<generation of the profile in use>"
     if comm is None:
-        ctx = contexts.WORLD or context()
+        ctx = contexts.AT_HAND.world or context()
     else:
-        known = contexts.LAST
+        known = contexts.AT_HAND.last
         ctx = known[1] if comm is known[0] else context(comm)
     # The same buffer as the last call, reduced the same way: its plan and its bound data
     # phase are at hand once the buffer is checked to still be the memory, dtype and layout
@@ -99,7 +99,7 @@ def _known(ctx, buf, op, algo):
         if flags.c_contiguous and flags.writeable:
             return (buf if buf.ndim == 1 else buf.reshape(-1)), \
                 ctx.quick.get((algo, op, buf.dtype, buf.size))
-    elif type(buf) is TENSOR[0]:
+    elif type(buf) is SEEN.tensor:
         # Tensor.numpy() costs ~1.5 us: reuse the view made last time, if the tensor
         # still has the same memory, dtype, size and layout.
         view = ctx.last_view
@@ -120,14 +120,14 @@ def resolve(ctx, buf, op, algo, options):
     chosen = algo
     if algo[:5] == "auto#":
         # The profile's choice for this size, cached under the profile's own name
-        # (auto.NAME), so that a new profile takes effect at the next call.
+        # (auto.ACTIVE.name), so that a new profile takes effect at the next call.
         chosen = auto.choice(count * dtype.itemsize, ctx.size)[0]
     plan = ctx.plans.get(key) or ctx.plan(key, chosen, op, dtype, count, options, device)
     if options or device is not None:
         return flat, plan
     if type(buf) is np.ndarray and not dtype.half:
         ctx.quick[(algo, op, buf.dtype, count)] = plan
-    elif type(buf) is TENSOR[0]:
+    elif type(buf) is SEEN.tensor:
         ctx.quick[(algo, op, buf.dtype, count)] = plan
         if count * dtype.itemsize <= VIEW_BYTES:
             # The cache holds the tensor (the view needs its memory): small ones only.
@@ -162,7 +162,7 @@ def allreduce_fused(tensors, op="avg", algo="ring", comm=None, check=True, **opt
     """
     tensors = list(tensors)
     if algo == "auto":
-        algo = auto.NAME[0]
+        algo = auto.ACTIVE.name
     ctx = context(comm)
     try:
         buffer, sizes = fused_buffer(ctx, tensors)

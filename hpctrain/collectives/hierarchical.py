@@ -40,6 +40,7 @@ from functools import lru_cache
 from .algorithm import Algorithm, chunk_bounds, count_option, flat_cost, register
 from .ring import (SEGMENT_BYTES, allgather, owned_chunk, reduce_scatter, ring_over,
                    ring_schedule, segment_bytes)
+from ..devices import split_by_node
 
 #: Environment variable giving the default ``ranks_per_node``.
 RANKS_PER_NODE_ENV = "HPCTRAIN_RANKS_PER_NODE"
@@ -147,12 +148,9 @@ class Hierarchical(Algorithm):
         from mpi4py import MPI
 
         rank = comm.Get_rank()
-        if params[0]:
-            layout = node_layout([r // params[0] for r in range(comm.Get_size())])
-            local = comm.Split(layout.nodes[rank], rank)
-        else:
-            local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
-            layout = node_layout(comm.allgather(local.allreduce(rank, op=MPI.MIN)))
+        local = split_by_node(comm, params[0])     # freed with the context (communicators)
+        # A node is known to the others by its lowest rank, found on the node.
+        layout = node_layout(comm.allgather(local.allreduce(rank, op=MPI.MIN)))
         mine = set(owned_shards(layout, rank))
         inter = {}
         # One Split per shard, in the same order on every rank (Split is collective).

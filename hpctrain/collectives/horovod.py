@@ -18,8 +18,19 @@ from .algorithm import Algorithm, register
 from ..errors import UsageError
 from ..gpu_checks import check_horovod_cuda
 
-_HOROVOD = []          # [horovod.torch, whether we called hvd.init], once initialised
 _UPCAST = {}           # device -> reused float32 buffer for bfloat16
+
+
+class _Started:
+    """``horovod.torch`` once :func:`horovod` has initialised it (``None`` before, and
+    after :func:`shutdown`), and whether it was this module that called ``hvd.init``."""
+
+    def __init__(self):
+        self.hvd = None
+        self.ours = False
+
+
+_STARTED = _Started()
 
 
 def horovod(comm):
@@ -27,8 +38,8 @@ def horovod(comm):
 
     Synchronisation point on first use: ``hvd.init`` is collective.
     """
-    if _HOROVOD:
-        return _HOROVOD[0]
+    if _STARTED.hvd is not None:
+        return _STARTED.hvd
     try:
         import horovod.torch as hvd
     except ImportError as exc:
@@ -42,7 +53,7 @@ def horovod(comm):
                          f"{hvd.rank()}), but allreduce was asked to use {comm.Get_size()} "
                          f"(this one is {comm.Get_rank()}): use the communicator Horovod runs "
                          f"on")
-    _HOROVOD[:] = [hvd, ours]
+    _STARTED.hvd, _STARTED.ours = hvd, ours
     return hvd
 
 
@@ -56,9 +67,9 @@ def shutdown():
     several times slower). Benchmarks should time Horovod last and then call this.
     Synchronisation point: ``hvd.shutdown`` is collective.
     """
-    if _HOROVOD and _HOROVOD[1]:
-        _HOROVOD[0].shutdown()
-    _HOROVOD.clear()
+    if _STARTED.hvd is not None and _STARTED.ours:
+        _STARTED.hvd.shutdown()
+    _STARTED.hvd, _STARTED.ours = None, False
 
 
 @register
@@ -78,7 +89,7 @@ class HorovodAllreduce(Algorithm):
     def run(self, comm, flat, plan):
         import torch
 
-        if not _HOROVOD and not isinstance(flat, np.ndarray) and flat.is_cuda:
+        if _STARTED.hvd is None and not isinstance(flat, np.ndarray) and flat.is_cuda:
             # Before hvd.init: a Horovod that cannot reduce device memory here (built without
             # CUDA, NCCL with ranks sharing a GPU) otherwise fails in C++ with a traceback
             # or in NCCL's set-up. Collective: every rank reaches this first call.

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from .algorithm import Algorithm, chunk_bounds, count_option, flat_cost, register, waitall
+from ..devices import ranks_on_node
 
 #: Segment of a message cut for the network: under Open MPI's TCP eager limit (64 KiB
 #: including the header), so that no segment waits for a rendezvous handshake.
@@ -163,18 +164,13 @@ class Ring(Algorithm):
 
     def setup(self, comm, params):
         """The bytes per message (0: whole). Unset, it asks, on two ranks only, whether
-        they share a node (``Split_type``, collective: the same decision on every rank,
-        since it rests on the size alone)."""
+        they share a node (:func:`~hpctrain.devices.ranks_on_node`, collective: the same
+        decision on every rank, since it rests on the size alone)."""
         if params[0] is not None:
             return params[0]
         if comm.Get_size() != 2:
             return 0
-        from mpi4py import MPI
-
-        node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
-        apart = node.Get_size() == 1
-        node.Free()
-        return SEGMENT_BYTES if apart else 0
+        return SEGMENT_BYTES if ranks_on_node(comm) == 1 else 0
 
     def schedule(self, size, rank, count, itemsize, params, setup=None):
         return ring_schedule(size, rank, count, max(setup // itemsize, 1) if setup else 0)

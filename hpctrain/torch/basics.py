@@ -25,6 +25,7 @@ import threading
 from .engine import Engine
 from .process_sets import global_process_set
 from ..collectives.algorithm import DEFAULT_ALLREDUCE, ENV_ALLREDUCE
+from ..devices import node_rank_and_size
 
 
 _STATE = {}
@@ -39,17 +40,13 @@ class World:
     def __init__(self, comm, algo, joined_allreduce):
         # joined_allreduce(world) -> the engine's handler for a joined rank's allreduce; given
         # by init, which sits above the operations (this module sits below them).
-        from mpi4py import MPI
-
         self.user_comm = comm
         self.comm = comm.Dup()              # the engine's negotiations
         self.data_comm = comm.Dup()         # the global set's collectives
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
-        local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
-        self.local_rank, self.local_size = local.Get_rank(), local.Get_size()
+        self.local_rank, self.local_size = node_rank_and_size(comm)
         cross = comm.Split(self.local_rank, key=self.rank)
         self.cross_rank, self.cross_size = cross.Get_rank(), cross.Get_size()
-        local.Free()
         cross.Free()
         self.algo = algo
         self.hvd = None

@@ -35,22 +35,20 @@ def broadcast_parameters(params, root_rank, process_set=global_process_set):
     """
     pairs = _named_tensors(params, "broadcast_parameters")
     tensors = [t for _, t in pairs]
-    box = []
 
-    def check():
+    def check(pset):
         for t in tensors:
             check_tensor(t, "broadcast_parameters", reduced=False)
-        pset = global_process_set if process_set is None else process_set
-        box.append(set_root(pset, root_rank, "broadcast_parameters"))
+        return set_root(pset, root_rank, "broadcast_parameters")
 
-    w, pset, name = start("broadcast_parameters", None, process_set, check)
+    w, pset, name, root = start("broadcast_parameters", None, process_set, check)
     algo = w.algorithm_for("broadcast")
     layout = ";".join(f"{n}:{tuple(t.shape)}:{dtype_name(t)}" for n, t in pairs)
     signature = ("broadcast_parameters", len(pairs), zlib.crc32(layout.encode()), root_rank)
 
     def run(comm, infos):
         with torch.no_grad():
-            bcast_tensors(comm, tensors, box[0], algo)
+            bcast_tensors(comm, tensors, root, algo)
         return None, None
 
     synchronize(submit(w, pset, name, signature,

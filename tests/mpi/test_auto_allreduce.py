@@ -35,7 +35,7 @@ def test_auto_reduces_with_the_profiles_choice(profile_path):
         data = np.arange(count, dtype=np.float64) + comm.rank
         allreduce(data, op="sum", algo="auto")
         want = comm.size * np.arange(count, dtype=np.float64) + comm.size * (comm.size - 1) / 2
-        plans = [p for k, p in context().plans.items() if k[0] == auto.NAME[0]
+        plans = [p for k, p in context().plans.items() if k[0] == auto.ACTIVE.name
                  and k[3] == count]
         if not np.array_equal(data, want):
             failures.append(f"n={count}: wrong result")
@@ -51,11 +51,11 @@ def test_a_new_profile_takes_effect_at_the_next_call(profile_path, tmp_path):
     auto.use(auto.load(profile_path, comm))
     data = np.ones(4)
     allreduce(data, algo="auto")
-    first = auto.NAME[0]
+    first = auto.ACTIVE.name
     auto.use(auto.Profile(cost.Params(1e-6, 1e-9, 0.0), best={comm.size: ((8, "butterfly"),)}))
     allreduce(data, algo="auto")
-    plans = [p.algorithm.name for k, p in context().plans.items() if k[0] == auto.NAME[0]]
-    all_ranks(comm, auto.NAME[0] != first and plans == ["butterfly"]
+    plans = [p.algorithm.name for k, p in context().plans.items() if k[0] == auto.ACTIVE.name]
+    all_ranks(comm, auto.ACTIVE.name != first and plans == ["butterfly"]
               and data[0] == comm.size ** 2, [f"plans {plans}, data {data.tolist()}"])
 
 

@@ -18,7 +18,7 @@ from ..process_sets import global_process_set
 
 
 def _check(tensors, function):
-    def check():
+    def check(pset):
         for t in tensors:
             check_tensor(t, function, reduced=False)
             if t.dim() == 0:
@@ -54,7 +54,7 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set,
     if not isinstance(tensors, (list, tuple)):
         raise TypeError(f"hpctrain.torch.{function} takes a list of tensors")
     tensors = list(tensors)
-    w, pset, name = start(function, name, process_set, _check(tensors, function))
+    w, pset, name, _ = start(function, name, process_set, _check(tensors, function))
     algo = w.algorithm_for("allgather")
 
     def work(comm, infos):
@@ -114,7 +114,7 @@ def scatter_rows(grads, rows, process_set):
     whose blocks are the ranks' first dimensions, which each rank tells the others."""
     from ... import collectives
 
-    w, pset, name = start("allgather (gradient)", None, process_set, lambda: None)
+    w, pset, name, _ = start("allgather (gradient)", None, process_set, lambda pset: None)
     algo = w.algorithm_for("reducescatter")
 
     def work(comm, infos):

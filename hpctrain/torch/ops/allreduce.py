@@ -77,21 +77,20 @@ def bucket_signature(count, dtype, device, op, prescale=1.0, postscale=1.0, *ext
 def _grouped_async(tensors, outputs, average, name, op, prescale_factor, postscale_factor,
                    process_set, function):
     """Queue the reduction of ``tensors`` into ``outputs`` (the same list: in place)."""
-    chosen = []
     grouped = function.startswith("grouped")
 
-    def check():
+    def check(pset):
         if grouped and not isinstance(tensors, (list, tuple)):
             raise TypeError(f"hpctrain.torch.{function} takes a list of tensors, got "
                             f"{type(tensors).__name__}")
         for t in tensors:
             check_tensor(t, function)
-        chosen.append(resolve_op(average, op))
-        if chosen[0] == Adasum and any(not t.dtype.is_floating_point for t in tensors):
+        chosen = resolve_op(average, op)
+        if chosen == Adasum and any(not t.dtype.is_floating_point for t in tensors):
             raise TypeError("op=Adasum takes floating-point tensors only")
+        return chosen
 
-    w, pset, name = start(function, name, process_set, check)
-    op = chosen[0]
+    w, pset, name, op = start(function, name, process_set, check)
     sources = list(tensors)
     targets = sources if outputs is None else list(outputs)
 

@@ -46,17 +46,13 @@ def _splits(tensor, splits, size, function):
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set,
                    function="alltoall_async"):
     """Queue an alltoall of ``tensor``; ``synchronize`` gives ``(output, received_splits)``."""
-    box = []
-
-    def check():
+    def check(pset):
         check_tensor(tensor, function, reduced=False)
         if tensor.dim() == 0:
             raise ValueError(f"hpctrain.torch.{function} cuts dimension 0: a scalar has none")
-        pset = global_process_set if process_set is None else process_set
-        box.append(_splits(tensor, splits, pset.size(), function))
+        return _splits(tensor, splits, pset.size(), function)
 
-    w, pset, name = start(function, name, process_set, check)
-    sends = box[0]
+    w, pset, name, sends = start(function, name, process_set, check)
     algo = w.algorithm_for("alltoall")
 
     def work(comm, infos):

@@ -48,15 +48,12 @@ def set_root(pset, root_rank, function):
 
 
 def _broadcast_async(tensor, output, root_rank, name, process_set, function):
-    box = []
-
-    def check():
+    def check(pset):
         check_tensor(tensor, function, reduced=False)
-        pset = global_process_set if process_set is None else process_set
-        box.append(set_root(pset, root_rank, function))
+        return set_root(pset, root_rank, function)
 
-    w, pset, name = start(function, name, process_set, check)
-    root, algo = box[0], w.algorithm_for("broadcast")
+    w, pset, name, root = start(function, name, process_set, check)
+    algo = w.algorithm_for("broadcast")
 
     def work(comm, infos):
         target = tensor if output is None else output
@@ -122,7 +119,7 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
         except Exception as exc:  # noqa: BLE001 - pickle raises many kinds
             error = exc
 
-    def check():
+    def check(pset):
         if error is not None:
             raise ValueError(f"rank {root_rank}'s object cannot be broadcast: it does not "
                              f"pickle ({type(error).__name__}: {error})")

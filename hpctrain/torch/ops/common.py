@@ -6,6 +6,8 @@ A call checks its arguments here, on the caller's thread. A bad argument is rais
 fail with this rank's reason instead of waiting for a request that will never come.
 """
 
+from typing import NamedTuple
+
 import torch
 
 from ..basics import world
@@ -89,8 +91,19 @@ def member_set(w, process_set, function):
     return pset
 
 
+class Call(NamedTuple):
+    """One call of an operation, started: the world, its process set, its name and what its
+    ``check`` gave back."""
+
+    world: object
+    process_set: object
+    name: str
+    checked: object
+
+
 def start(function, name, process_set, check):
-    """``(world, process set, name)`` for one call, after ``check()`` has passed here.
+    """The :class:`Call` of one operation, after ``check(process_set)`` has passed here; what
+    it returns (an op, a root, the splits) is the call's ``checked``.
 
     An unnamed call gets the next number of its process set (``noname.N``), the same on
     every rank that makes its calls in the same order, whatever their kinds: two ranks
@@ -107,11 +120,11 @@ def start(function, name, process_set, check):
         # and a broadcast may both be called "w" at the same time.
         name = f"{kind_of(function)}.{name}"
     try:
-        check()
+        checked = check(pset)
     except (TypeError, ValueError, NotImplementedError, RuntimeError) as error:
         announce_invalid(w, pset, name, f"{function}: {error}")
         raise
-    return w, pset, name
+    return Call(w, pset, name, checked)
 
 
 def kind_of(function):
@@ -204,9 +217,9 @@ def signature(kind, tensors, op, prescale, postscale):
             tuple(where(t) for t in tensors), op, float(prescale), float(postscale))
 
 
-def object_call(kind, name, process_set, call, extra=(), check=lambda: None):
+def object_call(kind, name, process_set, call, extra=(), check=lambda pset: None):
     """Run ``call(comm)`` (a pickled mpi4py collective) as one operation of the set, once
-    ``check()`` has passed (see :func:`start`)."""
-    w, pset, name = start(kind, name, process_set, check)
+    ``check(process_set)`` has passed (see :func:`start`)."""
+    w, pset, name, _ = start(kind, name, process_set, check)
     return synchronize(submit(w, pset, name, (kind,) + tuple(extra), f"{kind}(name={name!r})",
                               lambda comm, infos: (call(comm), None)))

@@ -53,7 +53,7 @@ def scatter_into(comm, algo, tensors, op, prescale, postscale):
 
 
 def _check(tensors, op, function):
-    def check():
+    def check(pset):
         for t in tensors:
             check_tensor(t, function)
             if t.dim() == 0:
@@ -73,7 +73,7 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
         raise TypeError(f"hpctrain.torch.{function} takes a list of tensors")
     tensors = list(tensors)
     op = resolve_op(None, op, adasum=False) if op in OP_NAMES else op
-    w, pset, name = start(function, name, process_set, _check(tensors, op, function))
+    w, pset, name, _ = start(function, name, process_set, _check(tensors, op, function))
     algo = w.algorithm_for("reducescatter")
 
     def work(comm, infos):
