@@ -21,8 +21,11 @@ from pathlib import Path
 import pytest
 
 from hpctrain import launch as launching
+from hpctrain.collectives import ALGORITHMS
+from hpctrain.data import synthetic
 from hpctrain.launch import launch_environment, mpirun_command
 from hpctrain.mpi_support import fault_tolerance
+from hpctrain.train import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -205,8 +208,19 @@ def raised(call):
     return None
 
 
-#: The algorithms hpctrain.torch's own tests run over (test_torch_api adds real Horovod).
-TORCH_ALGOS = ["ring", "tree", "butterfly", "hierarchical", "mpi"]
+#: Registered allreduce algorithms that hpctrain.torch's own tests leave out, and why. Every
+#: other one is in ``TORCH_ALGOS``, so a new algorithm is tested from the day it registers.
+#: (``auto``, which ``init`` also accepts, is no registered algorithm but a choice among
+#: them per message size that needs a study's profile: tests/mpi/test_auto_allreduce.py and
+#: tests/mpi/test_train_equivalence.py run it.)
+NOT_TORCH_ALGOS = {
+    "horovod": "hands every call to the real Horovod, whose behaviour is not hpctrain's "
+               "(it refuses bool tensors, for one): tests/mpi/test_torch_matches_horovod.py "
+               "runs it beside ours",
+}
+#: The algorithms hpctrain.torch's own tests run over: the registry's, in its order (the
+#: same on every rank, as parametrised tests must be), less ``NOT_TORCH_ALGOS``.
+TORCH_ALGOS = [name for name in ALGORITHMS if name not in NOT_TORCH_ALGOS]
 
 
 @pytest.fixture(params=TORCH_ALGOS, scope="module")
@@ -218,3 +232,62 @@ def torch_algo(request):
     hvd.init(allreduce=request.param)
     yield request.param
     hvd.shutdown()
+
+
+# --- a small data set and a short training run ---------------------------------------------------
+
+@dataclass(frozen=True)
+class SyntheticData:
+    """A synthetic data set (:func:`hpctrain.data.synthetic.write`): ``rows`` samples of
+    ``shape`` over ``classes`` classes, drawn from ``seed``."""
+
+    rows: int
+    shape: tuple
+    classes: int
+    seed: int = 0
+    noise: float = 1.0
+
+    def write(self, path):
+        """Write it to ``path``; return the path."""
+        return synthetic.write(path, self.rows, self.shape, self.classes, seed=self.seed,
+                               noise=self.noise)
+
+
+#: The ``data_file`` of a module that sets no ``DATA``: 40 rows, which ``config`` splits into
+#: 30 training rows, 3 per rank and step: padded last batches at N = 3 and 4, exact at N = 2.
+SMALL_DATA = SyntheticData(rows=40, shape=(1, 3, 3), classes=3, seed=7, noise=0.5)
+#: ``config``'s batch on each rank.
+PER_RANK_BATCH = 3
+
+
+def on_every_rank(request, make):
+    """``make()``'s result. Under ``--with-mpi`` rank 0 makes it and every rank gets it
+    (collective, see :func:`from_rank0`); in a serial run the one process makes it."""
+    if request.config.getoption("with_mpi", default=False):
+        return from_rank0(request.getfixturevalue("comm"), make)
+    return make()
+
+
+@pytest.fixture(scope="module")
+def data_file(request, tmp_path_factory):
+    """The test module's ``DATA`` (a :class:`SyntheticData`; ``SMALL_DATA`` where it sets
+    none), written once per module. A module whose tests count on its data (steps per epoch,
+    an accuracy, a batch that cannot be filled) sets ``DATA`` next to those counts."""
+    data = getattr(request.module, "DATA", SMALL_DATA)
+    return on_every_rank(request,
+                         lambda: data.write(tmp_path_factory.mktemp("data") / "synthetic.h5"))
+
+
+@pytest.fixture
+def config(request, data_file, tmp_path):
+    """Two epochs of plain SGD on ``data_file`` with nothing that depends on the number of
+    ranks (no learning-rate scaling, warm-up or decay), so N ranks with batch b must reach
+    the weights of one process with batch N·b; tiny buckets (~100 bytes) give several
+    buckets, of uneven sizes, so bucket order and overlap matter. Its run directory is rank
+    0's ``tmp_path``. A module whose tests need other settings defines its own ``config``."""
+    run_dir = on_every_rank(request, lambda: str(tmp_path))
+    return TrainConfig(data=str(data_file), run_dir=run_dir, hidden=8, epochs=2,
+                       batch_size=PER_RANK_BATCH, val_fraction=0.25, lr=0.1, momentum=0.9,
+                       weight_decay=0.01, lr_scaling="none", warmup_epochs=0.0,
+                       lr_decay="none", checkpoint_every="0", progress="never",
+                       bucket_mb=100 / 2**20)

@@ -12,10 +12,9 @@ import sys
 import pytest
 import torch
 
-from conftest import assert_ended_by, launch, run_bounded, seconds_after_fault
+from conftest import SyntheticData, assert_ended_by, launch, run_bounded, seconds_after_fault
 from hpctrain import faults
 from hpctrain.launch import launch_environment
-from hpctrain.data import synthetic
 from hpctrain.train import checkpoint
 
 NP = 2
@@ -23,12 +22,8 @@ FAIL_WITHIN = 10     # s from the fault: a raise on any rank ends the job
 KILL_WITHIN = 30     # s from the fault: a SIGKILLed rank ends the job
 HANG = 120           # s: the fixture kills a launch that takes longer and fails the test
 STEPS_PER_EPOCH = 12  # 96 training rows / (4 per rank x 2 ranks)
-
-
-@pytest.fixture(scope="module")
-def data_file(tmp_path_factory):
-    return synthetic.write(tmp_path_factory.mktemp("data") / "faults.h5", 120, (1, 4, 4), 4,
-                           seed=3, noise=1.5)
+#: conftest's data_file: 120 rows, 96 of them for training.
+DATA = SyntheticData(rows=120, shape=(1, 4, 4), classes=4, seed=3, noise=1.5)
 
 
 @pytest.fixture(scope="module")

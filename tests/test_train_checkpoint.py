@@ -9,9 +9,10 @@ import pytest
 import torch
 from mpi4py import MPI
 
-from hpctrain.data import synthetic
 from hpctrain.train import TrainConfig, checkpoint, train
 from hpctrain.train.checkpoint import CheckpointError
+
+from conftest import SyntheticData
 
 
 def truncate(path):
@@ -118,10 +119,8 @@ def test_resume_auto_with_every_checkpoint_damaged_is_an_error(tmp_path):
 
 # --- whole runs ---------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def data_file(tmp_path_factory):
-    return synthetic.write(tmp_path_factory.mktemp("data") / "ck.h5", 200, (1, 4, 4), 4,
-                           seed=5, noise=2.0)
+#: conftest's data_file: 160 training rows, 10 steps per epoch of batch 16.
+DATA = SyntheticData(rows=200, shape=(1, 4, 4), classes=4, seed=5, noise=2.0)
 
 
 @pytest.fixture

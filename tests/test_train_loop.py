@@ -2,6 +2,7 @@
 
 import csv
 import dataclasses
+import warnings
 from pathlib import Path
 
 import pytest
@@ -11,13 +12,13 @@ from mpi4py import MPI
 from hpctrain.data import synthetic
 from hpctrain.errors import UsageError
 from hpctrain.train import TrainConfig, train
-from hpctrain.train import checkpoint
+from hpctrain.train import build, checkpoint
+from hpctrain.train.loop import Position
 
+from conftest import SyntheticData
 
-@pytest.fixture(scope="module")
-def data_file(tmp_path_factory):
-    return synthetic.write(tmp_path_factory.mktemp("data") / "tiny.h5", 300, (1, 4, 4), 4,
-                           seed=1, noise=2.0)
+#: conftest's data_file: 240 training rows, 15 steps per epoch of batch 16.
+DATA = SyntheticData(rows=300, shape=(1, 4, 4), classes=4, seed=1, noise=2.0)
 
 
 @pytest.fixture
@@ -115,6 +116,62 @@ def test_a_resume_may_add_epochs_and_name_the_data_file_another_way(config, monk
     more = dataclasses.replace(config, data=Path(config.data).name, epochs=2,
                                resume=str(config.run_path / "checkpoint.pt"))
     assert train(more, MPI.COMM_SELF).step == 2 * 15
+
+
+def started_regime(regime):
+    """A regime of a Linear(3, 2) over a duplicate of COMM_SELF, weights broadcast; the
+    regime, its model and the communicator to free."""
+    config = TrainConfig(regime=regime, allreduce="ring", lr=0.05)
+    model, comm = torch.nn.Linear(3, 2), MPI.COMM_SELF.Dup()
+    started = build.make_regime(config, model, comm, MPI.COMM_SELF)
+    started.broadcast_initial()
+    return started, model, comm
+
+
+def backward(model):
+    model.zero_grad(set_to_none=True)
+    model(torch.ones(4, 3)).sum().backward()
+
+
+@pytest.mark.parametrize("regime", ["allreduce", "ps", "ps-sharded"])
+def test_a_regime_step_says_whether_it_updated(regime):
+    # The loop learns from the step's result, not from a flag set on the side.
+    steps, model, comm = started_regime(regime)
+    try:
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        backward(model)
+        skipped = steps.step(lambda: False)
+        assert not skipped.updated and skipped.waited >= 0
+        assert same_weights(model.state_dict(), before)
+        backward(model)
+        updated = steps.step(lambda: True)
+        assert updated.updated and not same_weights(model.state_dict(), before)
+    finally:
+        steps.close()
+        comm.Free()
+
+
+def test_after_a_skipped_update_the_optimizer_takes_the_next_step_as_a_new_one():
+    # The regime synchronized the gradients and then took no step: hpctrain.torch's
+    # optimizer is told so (abandon_step), or its next plain step() would warn that it
+    # follows a synchronize() without skip_synchronize().
+    steps, model, comm = started_regime("allreduce")
+    try:
+        backward(model)
+        assert not steps.step(lambda: False).updated
+        backward(model)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            steps.optimizer.step()
+    finally:
+        steps.close()
+        comm.Free()
+
+
+def test_a_position_stops_at_max_steps_only_when_set():
+    assert not Position(step=10**6).reached_max_steps()
+    assert not Position(step=4, max_steps=5).reached_max_steps()
+    assert Position(step=5, max_steps=5).reached_max_steps()
 
 
 # --- launched under mpirun --------------------------------------------------------------------

@@ -17,6 +17,7 @@ evaluates the same model. Messages between a pair of ranks with one tag never ov
 each other, which is what keeps a worker's version and gradient together.
 """
 
+import dataclasses
 import time
 
 import torch
@@ -51,19 +52,24 @@ class AsyncServerRegime(Regime):
         broadcast_model(self.model, self.comm, SERVER)
         broadcast_optimizer(self.optimizer, self.comm, SERVER)
 
-    def train_epoch(self, run, sums):
-        """Serve (rank 0) or work (others) until every worker has finished the epoch.
+    def train_epoch(self, run, sums, progress):
+        """Serve (rank 0) or work (others) until every worker has finished the epoch; add
+        the epoch's measurements to ``sums``; return where the run stands then: a copy of
+        ``run.position`` that this regime advanced (the server's updates, then the same on
+        every rank, and the updates this rank skipped).
 
         Synchronisation point at the end: the server's weights and step count go to all.
         """
+        position = dataclasses.replace(run.position)
         if self.comm.Get_rank() == SERVER:
-            self._serve(run, sums)
+            self._serve(run, sums, progress, position)
         else:
-            self._work(run, sums)
+            self._work(run, sums, position)
         broadcast_model(self.model, self.comm, SERVER)
-        run.step = self.comm.bcast(run.step, root=SERVER)
+        position.step = self.comm.bcast(position.step, root=SERVER)
+        return position
 
-    def _serve(self, run, sums):
+    def _serve(self, run, sums, progress, position):
         active, status = self.comm.Get_size() - 1, MPI.Status()
         while active:
             version = self.comm.recv(source=MPI.ANY_SOURCE, tag=TAG_PUSH, status=status)
@@ -73,30 +79,31 @@ class AsyncServerRegime(Regime):
                 continue
             self.comm.Recv(self.flat.numpy(), source=worker, tag=TAG_GRAD)
             faults.inject("train.serve", SERVER)   # that worker now waits for the reply
-            stop = run.reached_max_steps()
-            staleness = run.step - version
+            stop = position.reached_max_steps()
+            staleness = position.step - version
             if not stop:
-                self._apply(run, sums, staleness)
+                self._apply(run.schedule(position.step), sums, staleness)
+                position.step += 1
             self.buffer.pack(self.params)
-            self.comm.send((run.step, stop), dest=worker, tag=TAG_VERSION)
+            self.comm.send((position.step, stop), dest=worker, tag=TAG_VERSION)
             self.comm.Send(self.flat.numpy(), dest=worker, tag=TAG_WEIGHTS)
-            run.progress.update(run.step - sums.first_step, f"staleness {staleness}")
+            progress.update(position.step - sums.first_step, f"staleness {staleness}")
 
-    def _apply(self, run, sums, staleness):
+    def _apply(self, lr, sums, staleness):
         start = time.perf_counter()
         for p, slot in zip(self.params, self.buffer.slots):
             p.grad = slot.to(p.device, copy=True)   # the buffer receives the next message
-        self.set_lr(run.schedule(run.step))
+        self.set_lr(lr)
         self.optimizer.step()
-        run.step += 1
         sums.updates += 1
         sums.staleness += staleness
         sums.staleness_max = max(sums.staleness_max, staleness)
         sums.server_s += time.perf_counter() - start
 
-    def _work(self, run, sums):
-        version = run.step
-        for positions in run.sampler:
+    def _work(self, run, sums, position):
+        version = position.step
+        sampler = run.data.sampler
+        for positions in sampler:
             start = time.perf_counter()
             x, y = run.read_batch(positions)
             loaded = time.perf_counter()
@@ -107,10 +114,10 @@ class AsyncServerRegime(Regime):
                 # alone decides (an error ends the job through the launcher's abort).
                 if run.config.nonfinite == "error":
                     raise NonFiniteError(f"non-finite loss or gradients on worker rank "
-                                         f"{run.rank} at its batch {run.sampler.batch}: "
+                                         f"{run.rank} at its batch {sampler.batch}: "
                                          f"stopping (--nonfinite error); --nonfinite skip "
                                          f"skips such updates instead")
-                run.skipped += 1
+                position.skipped += 1
                 continue
             run.count_batch(sums, loss, correct, count)
             self.buffer.pack([p.grad for p in self.params])

@@ -84,6 +84,68 @@ class EpochSums:
     server_s: float = 0.0
 
 
+@dataclass
+class Position:
+    """Where a run stands: optimizer steps done (server updates under async-ps), the step
+    this attempt started at, and the updates skipped for a NaN or Inf (``--nonfinite
+    skip``; under async-ps, by this worker)."""
+
+    step: int = 0
+    start: int = 0
+    skipped: int = 0
+    max_steps: int = 0  # stop once this many steps are done in all (0: no limit)
+
+    def reached_max_steps(self):
+        """True once ``max_steps`` (if set) steps are done."""
+        return 0 < self.max_steps <= self.step
+
+
+@dataclass
+class RunData:
+    """The data side of a run: the data set, its training and validation rows, this rank's
+    sampler over the training rows, and how its samples are fed to the model."""
+
+    dataset: object
+    train_rows: np.ndarray
+    val_rows: np.ndarray
+    sampler: object         # hpctrain.sampler.DistributedSampler
+    dtype: torch.dtype      # samples are cast to the dtype of the model's weights
+    prepared: bool = False  # the digits file was prepared by this run
+    # Batches of a whole epoch, counted before a resume, which may start mid-epoch.
+    epoch_batches: int = dataclasses.field(init=False)
+
+    def __post_init__(self):
+        self.epoch_batches = len(self.sampler)
+
+    def read(self, rows, device):
+        """The samples and labels of ``rows`` (indices into the data set), on ``device``."""
+        x, y = self.dataset.read(rows)
+        return torch.from_numpy(x).to(device, self.dtype), torch.from_numpy(y).to(device)
+
+    def close(self):
+        """Close the data set."""
+        self.dataset.close()
+
+
+@dataclass
+class Measurements:
+    """What a run measures: the running sums of this epoch, one row per epoch done, and
+    ``metrics.csv`` (which only rank 0 writes)."""
+
+    metrics: report.MetricsFile
+    sums: EpochSums
+    history: list = dataclasses.field(default_factory=list)
+
+    def new_epoch(self, first_step):
+        """Start this epoch's sums at step ``first_step``."""
+        self.sums = EpochSums(first_step=first_step)
+
+    def add(self, row):
+        """Keep one epoch's row and append it to ``metrics.csv``."""
+        self.history.append(row)
+        self.metrics.write(row)
+
+
 def train(config, comm=None):
     """Train as ``config`` says, over ``comm`` (default ``COMM_WORLD``); return the result.
 
@@ -135,59 +197,70 @@ class Run:
     def __init__(self, config, comm):
         torch.set_num_threads(config.threads)
         self.config, self.rank, self.size = config, comm.Get_rank(), comm.Get_size()
-        self.asynchronous = config.regime == "async-ps"
-        self.trainers = self.size - 1 if self.asynchronous else self.size
         auto = not config.dataset and digits.is_auto_prepared(config.data)
         # The first collective: every rank's verdict on its own checks, agreed in one
         # allgather, so that bad input ends every rank the same way (a Verdict), whichever
         # rank found it and even when only some did (a file missing on one node).
         with checks(comm):
-            self._check_inputs(config, open_data=not auto)
+            resume_path, saved = self._check_inputs(config, open_data=not auto)
         if auto:
             # Every rank decides the same way, from the configuration alone: rank 0 writes
             # the digits (barrier), then the checks that need the rows run on the file.
-            self.prepared = digits.ensure(config.data, comm)
+            prepared = digits.ensure(config.data, comm)
             with checks(comm):
-                self.dataset = HDF5Dataset(config.data, config.x, config.y)
-                self._build_from_data(config)
-        else:
-            self.prepared = False
+                self._build_from_data(config, HDF5Dataset(config.data, config.x, config.y),
+                                      prepared)
         self.comm = comm.Dup()
         try:
-            self._start(config, comm)
+            self._start(config, comm, resume_path, saved)
         except BaseException as exc:
             self.abandon(lost_rank(exc))
             raise
+
+    @property
+    def asynchronous(self):
+        """True under ``--regime async-ps``: rank 0 serves, the other ranks train."""
+        return self.config.regime == "async-ps"
+
+    @property
+    def trainers(self):
+        """The number of ranks that train (all but the server under async-ps)."""
+        return self.size - 1 if self.asynchronous else self.size
+
+    @property
+    def updates_per_epoch(self):
+        """Optimizer steps (server updates under async-ps) in a whole epoch."""
+        return self.data.epoch_batches * (self.trainers if self.asynchronous else 1)
 
     def _check_inputs(self, config, open_data):
         """Local checks and builds, no communication: the world size against the regime, the
         checkpoint to resume (its checksum; ``--resume auto`` falls back to an older intact
         one) and its settings, and with ``open_data`` the data and what is built from it.
-        Bad input raises ``UsageError``."""
+        Return the checkpoint as ``(path, state)``, or ``(None, None)``. Bad input raises
+        ``UsageError``."""
         build.check_world(config, self.size)
-        self.resume_path, self.saved = checkpoint.find(config.resume, config.run_path,
-                                                       log=self._log)
-        if self.saved is not None:
-            resume.check_checkpoint(self.saved, config, self.size, self.resume_path)
-        if config.dataset:
-            self.dataset = TorchDataset(config.dataset)
-        elif open_data:
-            self.dataset = HDF5Dataset(config.data, config.x, config.y)
+        resume_path, saved = checkpoint.find(config.resume, config.run_path, log=self._log)
+        if saved is not None:
+            resume.check_checkpoint(saved, config, self.size, resume_path)
         if open_data:
-            self._build_from_data(config)
+            dataset = (TorchDataset(config.dataset) if config.dataset else
+                       HDF5Dataset(config.data, config.x, config.y))
+            self._build_from_data(config, dataset, prepared=False)
+        return resume_path, saved
 
-    def _build_from_data(self, config):
+    def _build_from_data(self, config, dataset, prepared):
         """The split, the sampler and the model, each checked against the data (local)."""
-        self.train_rows, self.val_rows = split_indices(len(self.dataset), config.val_fraction,
-                                                       config.split_seed)
-        self.sampler = build.make_sampler(config, len(self.train_rows), self.rank, self.size)
+        train_rows, val_rows = split_indices(len(dataset), config.val_fraction,
+                                             config.split_seed)
+        sampler = build.make_sampler(config, len(train_rows), self.rank, self.size)
         random.seed(config.seed)
         np.random.seed(config.seed)
         torch.manual_seed(config.seed)
-        self.model = build.make_model(config, self.dataset)
-        self.input_dtype = _input_dtype(self.model)
+        self.model = build.make_model(config, dataset)
+        self.data = RunData(dataset, train_rows, val_rows, sampler, _input_dtype(self.model),
+                            prepared)
 
-    def _start(self, config, comm):
+    def _start(self, config, comm, resume_path, saved):
         # The collective part of start-up: a failure here must stop the watchdog's thread.
         self.watchdog = StallWatchdog(self.comm, config.stall_warning,
                                       config.stall_timeout or None)
@@ -195,33 +268,32 @@ class Run:
         self.model.to(self.device)
         self.regime = build.make_regime(config, self.model, self.comm, comm)
         update_batch = config.batch_size * (1 if self.asynchronous else self.size)
-        self.updates_per_epoch = len(self.sampler) * (self.trainers if self.asynchronous else 1)
-        self.lr = target_lr(config.lr, update_batch, config.base_batch_size, config.lr_scaling)
-        self.warmup_steps = round(config.warmup_epochs * self.updates_per_epoch)
+        lr = target_lr(config.lr, update_batch, config.base_batch_size, config.lr_scaling)
         # The schedule spans all epochs; max_steps only stops early and changes no step's lr,
         # so that a run stopped and resumed follows the uninterrupted run exactly.
-        total = config.epochs * self.updates_per_epoch
-        self.schedule = WarmupSchedule(config.lr, self.lr, self.warmup_steps, total,
-                                       config.lr_decay)
-        self.step, self.sums, self.history, self.skipped = 0, EpochSums(), [], 0
-        self.every = checkpoint_interval(config.checkpoint_every)
-        if self.saved is not None:
+        per_epoch = self.updates_per_epoch
+        self.schedule = WarmupSchedule(config.lr, lr, round(config.warmup_epochs * per_epoch),
+                                       config.epochs * per_epoch, config.lr_decay)
+        step, sums = 0, EpochSums()
+        if saved is not None:
             with checks(self.comm):   # every rank loads the same file: they agree on it
-                self._restore(self.saved)
-        self.start_step = self.step
-        self._check_same_start()
+                step, sums = self._restore(saved, resume_path)
+        self.position = Position(step, start=step, max_steps=config.max_steps)
+        self._check_same_start(resume_path)
         faults.inject("train.start", self.rank)
         self.watchdog.arrive("start-up broadcast")
         self.regime.broadcast_initial()
-        self.initial_checksum = replicas.check_identical(self.model, self.comm,
-                                                         "after the initial broadcast")
-        self.progress = report.Progress(0, "", False)
+        checksum = replicas.check_identical(self.model, self.comm, "after the initial broadcast")
         # A resumed run drops the rows written after its checkpoint: they are trained again.
-        self.metrics = report.MetricsFile(config.run_path / "metrics.csv",
-                                          append=self.saved is not None, enabled=self.rank == 0,
-                                          epochs_done=self.sampler.epoch)
+        metrics = report.MetricsFile(config.run_path / "metrics.csv", append=saved is not None,
+                                     enabled=self.rank == 0,
+                                     epochs_done=self.data.sampler.epoch)
+        self.measured = Measurements(metrics, sums)
         if self.rank == 0:
-            header.write(self)
+            header.write(config, self.data, self.model, self.regime, size=self.size,
+                         device=self.device, schedule=self.schedule, updates_per_epoch=per_epoch,
+                         resumed_from=resume_path if saved is not None else None, step=step,
+                         checksum=checksum)
 
     # --- start-up ---------------------------------------------------------------------------
 
@@ -229,27 +301,27 @@ class Run:
         if self.rank == 0:
             print(text, file=sys.stderr, flush=True)
 
-    def _restore(self, saved):
+    def _restore(self, saved, path):
         try:
             self.model.load_state_dict(saved["model"])
             self.regime.load_optimizer_state(saved["optimizer"])
             saved_trainers = saved["world_size"] - (1 if self.asynchronous else 0)
-            self.sampler.load_state_dict(saved["sampler"], size=saved_trainers)
+            self.data.sampler.load_state_dict(saved["sampler"], size=saved_trainers)
         except (RuntimeError, ValueError, KeyError) as exc:
-            raise UsageError(f"checkpoint {str(self.resume_path)!r} does not fit this run: "
+            raise UsageError(f"checkpoint {str(path)!r} does not fit this run: "
                              f"{exc}") from None
-        self.step = saved["step"]
-        self.sums = EpochSums(**saved["epoch_sums"])
+        step, sums = saved["step"], EpochSums(**saved["epoch_sums"])
         checkpoint.set_rng_state(saved["rng"])
+        return step, sums
 
-    def _check_same_start(self):
+    def _check_same_start(self, resume_path):
         """Collective: every rank starts at the same position (one allgather).
 
         Ranks that found different checkpoints (``--resume auto`` with a run directory that
         is not on a shared file system) would run different numbers of steps and hang in a
         collective; they fail together here instead.
         """
-        start = (str(self.resume_path), self.sampler.state_dict(), self.step)
+        start = (str(resume_path), self.data.sampler.state_dict(), self.position.step)
         starts = self.comm.allgather(start)
         differ = [r for r, other in enumerate(starts) if other != starts[0]]
         if differ:
@@ -261,76 +333,74 @@ class Run:
 
     def fit(self):
         """Train epoch after epoch until ``epochs`` or ``max_steps``; return the result."""
-        while self.sampler.epoch < self.config.epochs:
-            label = f"epoch {self.sampler.epoch + 1}/{self.config.epochs}"
-            total = self.updates_per_epoch
-            self.progress = report.Progress(total, label, report.progress_enabled(
+        sampler = self.data.sampler
+        while sampler.epoch < self.config.epochs:
+            label = f"epoch {sampler.epoch + 1}/{self.config.epochs}"
+            progress = report.Progress(self.updates_per_epoch, label, report.progress_enabled(
                 self.config.progress, self.rank))
-            if self.sampler.batch == 0:
-                self.sums = EpochSums(first_step=self.step)
+            if sampler.batch == 0:
+                self.measured.new_epoch(self.position.step)
+            sums = self.measured.sums
             started = time.perf_counter()
             if self.asynchronous:
-                self.regime.train_epoch(self, self.sums)
+                # The regime advances a position of its own and returns it.
+                self.position = self.regime.train_epoch(self, sums, progress)
             else:
-                self._train_epoch()
-            self.sums.wall_s += time.perf_counter() - started
-            self.progress.close()
+                self._train_epoch(sums, progress)
+            sums.wall_s += time.perf_counter() - started
+            progress.close()
             self._end_epoch()
-            if self.reached_max_steps():
+            if self.position.reached_max_steps():
                 break
-            self.sampler.set_epoch(self.sampler.epoch + 1)
+            sampler.set_epoch(sampler.epoch + 1)
         self.watchdog.arrive("final weight check")
         final = replicas.check_identical(self.model, self.comm, "at the end of training")
         state = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
-        return TrainResult(state, self.history, self.step, final, self.config.run_path,
-                           self.skipped)
+        return TrainResult(state, self.measured.history, self.position.step, final,
+                           self.config.run_path, self.position.skipped)
 
-    def reached_max_steps(self):
-        """True once ``max_steps`` (if set) steps are done."""
-        return 0 < self.config.max_steps <= self.step
-
-    def _train_epoch(self):
-        sums, unit_every, every_check = self.sums, self.every, self.config.check_consistency
+    def _train_epoch(self, sums, progress):
+        position, sampler = self.position, self.data.sampler
+        every, unit = checkpoint_interval(self.config.checkpoint_every)
+        every_check = self.config.check_consistency
         mark = self.regime.comm_seconds
-        for positions in self.sampler:
-            self.watchdog.arrive(f"step {self.step + 1}")
-            if self.step == self.start_step:
+        for positions in sampler:
+            self.watchdog.arrive(f"step {position.step + 1}")
+            if position.step == position.start:
                 faults.inject("train.first_step", self.rank)
             start = time.perf_counter()
             x, y = self.read_batch(positions)
             loaded = time.perf_counter()
-            self.regime.set_lr(self.schedule(self.step))
+            self.regime.set_lr(self.schedule(position.step))
             loss, correct, count = self.forward_backward(x, y)
             computed = time.perf_counter()
-            waited = self.regime.step(lambda: self._update_allowed(loss))
-            done = time.perf_counter()
-            if self.update_allowed:
+            done = self.regime.step(lambda: self._update_allowed(loss))
+            finished = time.perf_counter()
+            if done.updated:
                 self.count_batch(sums, loss, correct, count)
             sums.data_s += loaded - start
-            sums.compute_s += (computed - loaded) + (done - computed - waited)
-            sums.exposed_s += waited
+            sums.compute_s += (computed - loaded) + (finished - computed - done.waited)
+            sums.exposed_s += done.waited
             # The communication thread's time, bucket by bucket (NaN under Horovod).
             now = self.regime.comm_seconds
             sums.comm_s += now - mark
             mark = now
-            self.step += 1
-            self.progress.update(self.sampler.batch, f"loss {loss:.4f}")
+            position.step += 1
+            progress.update(sampler.batch, f"loss {loss:.4f}")
             faults.inject("train.step", self.rank)
             if faults.inject("train.perturb", self.rank) == "perturb":
                 _perturb(self.model)
-            if every_check and self.step % every_check == 0:
-                replicas.check_identical(self.model, self.comm, f"at step {self.step} "
+            if every_check and position.step % every_check == 0:
+                replicas.check_identical(self.model, self.comm, f"at step {position.step} "
                                          f"(--check-consistency {every_check})")
-            if unit_every[1] == "step" and unit_every[0] and self.step % unit_every[0] == 0:
+            if unit == "step" and every and position.step % every == 0:
                 self._save_checkpoint()
-            if self.reached_max_steps():
+            if position.reached_max_steps():
                 break
 
     def read_batch(self, positions):
         """This rank's samples and labels at ``positions`` of the training rows."""
-        x, y = self.dataset.read(self.train_rows[positions])
-        return (torch.from_numpy(x).to(self.device, self.input_dtype),
-                torch.from_numpy(y).to(self.device))
+        return self.data.read(self.data.train_rows[positions], self.device)
 
     def forward_backward(self, x, y):
         """Forward and backward on one batch (mean loss): ``(loss, correct, samples)``."""
@@ -357,40 +427,41 @@ class Run:
 
         Every rank learns every rank's verdict on its loss and on the gradients it holds, so
         all of them decide alike: a rank that stopped alone would leave the others waiting
-        in the next step's allreduce. Sets ``update_allowed``; raises ``NonFiniteError`` on
-        every rank under ``--nonfinite error``.
+        in the next step's allreduce. A skipped update is counted and reported here; under
+        ``--nonfinite error`` every rank raises ``NonFiniteError`` instead.
         """
         verdicts = np.zeros(self.size, dtype=np.uint8)
         mine = verdict(loss, self.regime.gradients())
         self.comm.Allgather(np.array([mine], dtype=np.uint8), verdicts)
-        self.update_allowed = not verdicts.any()
-        if self.update_allowed:
+        if not verdicts.any():
             return True
         what = describe(verdicts)
-        where = f"step {self.step + 1} (epoch {self.sampler.epoch + 1})"
+        where = f"step {self.position.step + 1} (epoch {self.data.sampler.epoch + 1})"
         if self.config.nonfinite == "error":
             raise NonFiniteError(f"{what} at {where}: stopping (--nonfinite error); "
                                  f"--nonfinite skip skips such updates instead")
-        self.skipped += 1
+        self.position.skipped += 1
         self._log(f"[hpctrain] {what} at {where}: update skipped on every rank "
-                  f"(--nonfinite skip; {self.skipped} skipped so far)")
+                  f"(--nonfinite skip; {self.position.skipped} skipped so far)")
         return False
 
     def _end_epoch(self):
-        self.watchdog.arrive(f"end of epoch {self.sampler.epoch + 1}: evaluation and metrics")
-        row = self._epoch_row(self.sums, *evaluate(self))
-        self.history.append(row)
+        sampler = self.data.sampler
+        self.watchdog.arrive(f"end of epoch {sampler.epoch + 1}: evaluation and metrics")
+        val_loss, val_acc = evaluate(self.model, self.data, self.comm, self.device,
+                                     self.config.eval_batch_size)
+        row = self._epoch_row(self.measured.sums, val_loss, val_acc)
         if self.rank == 0:
             print(report.epoch_line(row, self.config.epochs), flush=True)
-        self.metrics.write(row)
+        self.measured.add(row)
         # A stop at max_steps may fall mid-epoch: the checkpoint then keeps the position
         # inside the epoch. (async-ps has no position inside an epoch: its server reads no
         # batches; a stop there counts as the end of the epoch.)
-        complete = self.asynchronous or self.sampler.batch >= len(self.sampler)
-        finished = self.reached_max_steps() or (complete and
-                                                self.sampler.epoch + 1 >= self.config.epochs)
-        count, unit = self.every
-        due = unit == "epoch" and complete and count and (self.sampler.epoch + 1) % count == 0
+        complete = self.asynchronous or sampler.batch >= len(sampler)
+        finished = self.position.reached_max_steps() or (
+            complete and sampler.epoch + 1 >= self.config.epochs)
+        count, unit = checkpoint_interval(self.config.checkpoint_every)
+        due = unit == "epoch" and complete and count and (sampler.epoch + 1) % count == 0
         if count and (due or finished):
             self._save_checkpoint(epoch_done=complete)
 
@@ -403,10 +474,11 @@ class Run:
         wall = self.comm.allreduce(sums.wall_s, op=MPI.MAX)
         t = EpochSums(*totals)
         samples = max(t.samples, 1.0)
-        updates = t.updates if self.asynchronous else self.step - sums.first_step
+        step = self.position.step
+        updates = t.updates if self.asynchronous else step - sums.first_step
         return {
-            "epoch": self.sampler.epoch + 1, "steps": int(updates), "step": self.step,
-            "lr": self.schedule(max(self.step - 1, 0)),
+            "epoch": self.data.sampler.epoch + 1, "steps": int(updates), "step": step,
+            "lr": self.schedule(max(step - 1, 0)),
             "train_loss": t.loss / samples, "train_acc": t.correct / samples,
             "val_loss": val_loss, "val_acc": val_acc, "samples": int(t.samples),
             "samples_per_s": t.samples / wall if wall > 0 else math.nan, "epoch_s": wall,
@@ -420,18 +492,19 @@ class Run:
 
     def _save_checkpoint(self, epoch_done=False):
         """Collective (the sharded regime gathers its optimizer state); rank 0 writes."""
-        self.watchdog.arrive(f"checkpoint at step {self.step}")
+        step, sampler = self.position.step, self.data.sampler
+        self.watchdog.arrive(f"checkpoint at step {step}")
         optimizer = self.regime.optimizer_state()
         if self.rank != 0:
             faults.inject("train.checkpoint", self.rank)
             return
-        position = self.sampler.state_dict()
+        position = sampler.state_dict()
         if epoch_done:
-            position = {"epoch": self.sampler.epoch + 1, "batch": 0, "start": 0}
-        sums = EpochSums(first_step=self.step) if epoch_done else self.sums
+            position = {"epoch": sampler.epoch + 1, "batch": 0, "start": 0}
+        sums = EpochSums(first_step=step) if epoch_done else self.measured.sums
         checkpoint.save(self.config.run_path / checkpoint.FILENAME, {
             "model": self.model.state_dict(), "optimizer": optimizer, "sampler": position,
-            "step": self.step, "epoch_sums": dataclasses.asdict(sums),
+            "step": step, "epoch_sums": dataclasses.asdict(sums),
             "rng": checkpoint.rng_state(), "config": self.config.to_dict(),
             "world_size": self.size, "regime": self.config.regime},
             keep=self.config.keep_checkpoints)
@@ -443,7 +516,7 @@ class Run:
         self.watchdog.close()
         self.regime.close()
         self.comm.Free()
-        self.dataset.close()
+        self.data.close()
 
     def abandon(self, lost=False):
         """After a failure: release what needs no other rank; the job is about to end, or,
@@ -508,27 +581,27 @@ def _perturb(model):
         next(model.parameters()).view(-1)[0] += 1e-3
 
 
-def evaluate(run):
-    """Collective: validation loss and accuracy over all ranks, each sample counted once.
+def evaluate(model, data, comm, device, batch_size):
+    """Collective: ``model``'s validation loss and accuracy on ``data`` (a :class:`RunData`)
+    over all ranks of ``comm``, each sample counted once.
 
-    Each rank evaluates a disjoint, unpadded shard of the validation rows; sums of loss,
-    hits and counts are added over ranks (one ``Allreduce``).
+    Each rank evaluates a disjoint, unpadded shard of the validation rows, ``batch_size``
+    rows at a time on ``device``; sums of loss, hits and counts are added over ranks (one
+    ``Allreduce``).
     """
     from mpi4py import MPI
 
-    rows = run.val_rows[shard_indices(len(run.val_rows), run.rank, run.size)]
+    rows = data.val_rows[shard_indices(len(data.val_rows), comm.Get_rank(), comm.Get_size())]
     sums = np.zeros(3)
-    run.model.eval()
+    model.eval()
     with torch.no_grad():
-        for start in range(0, len(rows), run.config.eval_batch_size):
-            x, y = run.dataset.read(rows[start:start + run.config.eval_batch_size])
-            x = torch.from_numpy(x).to(run.device, run.input_dtype)
-            y = torch.from_numpy(y).to(run.device)
-            output = run.model(x)
+        for start in range(0, len(rows), batch_size):
+            x, y = data.read(rows[start:start + batch_size], device)
+            output = model(x)
             sums += (F.cross_entropy(output, y, reduction="sum").item(),
                      (output.argmax(1) == y).sum().item(), len(y))
-    run.model.train()
-    run.comm.Allreduce(MPI.IN_PLACE, sums, op=MPI.SUM)
+    model.train()
+    comm.Allreduce(MPI.IN_PLACE, sums, op=MPI.SUM)
     if sums[2] == 0:
         return math.nan, math.nan
     return sums[0] / sums[2], sums[1] / sums[2]

@@ -6,8 +6,9 @@ training loop drives once per step after ``loss.backward()``:
 - ``broadcast_initial()``: collective; every rank gets rank 0's weights and optimizer state;
 - ``set_lr(lr)``; ``step(may_update)``: collective; finish the gradient exchange, call
   ``may_update()`` (a collective: every rank must get the same answer), and unless it
-  returns False update the weights on every rank; return the seconds spent waiting for
-  communication after backward;
+  returns False update the weights on every rank; return what happened, a
+  :class:`StepResult` (the seconds spent waiting for communication after backward, and
+  whether the update happened);
 - ``gradients()``: the gradient tensors this rank holds after the exchange (for the check
   for NaN and Inf);
 - ``comm_seconds``: total communication time so far (NaN where the library hides it);
@@ -37,6 +38,7 @@ import math
 import os
 import time
 import zlib
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -46,6 +48,14 @@ from .. import faults
 from ..collectives.dtypes import NUMPY_DTYPES, mpi_datatype
 from ..sampler import shard_indices
 from .replicas import broadcast_model, broadcast_optimizer
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one ``Regime.step`` did, the same on every rank."""
+
+    waited: float         # seconds spent waiting for communication after backward
+    updated: bool = True  # False: ``may_update()`` said no, the update was skipped
 
 
 class Regime:
@@ -134,18 +144,25 @@ class AllreduceRegime(Regime):
             self.hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
 
     def step(self, may_update=bool):
-        """Collective: wait for the averaged gradients, then step; return seconds waited."""
+        """Collective: wait for the averaged gradients, then step; a :class:`StepResult`."""
         start = time.perf_counter()
         self.optimizer.synchronize()
         waited = time.perf_counter() - start
         if not may_update():
-            # What step() would reset: otherwise the next step is taken for one whose
-            # gradients were already averaged.
-            self.optimizer._synchronized = False
-            return waited
+            self._forget_step()
+            return StepResult(waited, updated=False)
         with self.optimizer.skip_synchronize():
             self.optimizer.step()
-        return waited
+        return StepResult(waited)
+
+    def _forget_step(self):
+        # The gradients were averaged but no step follows: hpctrain.torch's optimizer is
+        # told, as its step() would have told it, or it takes its next step() for this one.
+        # Horovod's has no public way to be told and needs none here: it looks only in a
+        # step() outside skip_synchronize(), which this regime never takes.
+        abandon_step = getattr(self.optimizer, "abandon_step", None)    # not Horovod's
+        if abandon_step is not None:
+            abandon_step()
 
     def close(self):
         """Remove the optimizer's hooks; stop hpctrain.torch if this regime started it."""
@@ -288,10 +305,11 @@ class ServerRegime(_BucketRegime):
             comm.Reduce(buf, None, op=MPI.SUM, root=self.root)
 
     def step(self, may_update=bool):
-        """Collective: gradients onto rank 0, its step, its weights to all; seconds waited."""
+        """Collective: gradients onto rank 0, its step, its weights to all; a
+        :class:`StepResult`."""
         waited = self._gather_gradients()
         if not may_update():
-            return waited
+            return StepResult(waited, updated=False)
         if self.comm.Get_rank() == self.root:
             self.optimizer.step()
         start = time.perf_counter()
@@ -299,7 +317,7 @@ class ServerRegime(_BucketRegime):
             _broadcast_bucket_weights(bucket, self.comm, self.root)
         spent = time.perf_counter() - start
         self.extra_seconds += spent
-        return waited + spent
+        return StepResult(waited + spent)
 
 
 def _broadcast_bucket_weights(bucket, comm, root):
@@ -363,12 +381,13 @@ class ShardedServerRegime(_BucketRegime):
         return bucket.buffer.pack(bucket.params).clone()
 
     def step(self, may_update=bool):
-        """Collective: reduce-scatter, step the own shards, all-gather; seconds waited."""
+        """Collective: reduce-scatter, step the own shards, all-gather; a
+        :class:`StepResult`."""
         waited = self._gather_gradients()
         for shard, grad in zip(self.shards, self.shard_grads):
             shard.grad = grad
         if not may_update():
-            return waited
+            return StepResult(waited, updated=False)
         self.optimizer.step()
         start = time.perf_counter()
         for bucket, shard, (counts, displs, _) in zip(self.reducer.buckets, self.shards,
@@ -379,7 +398,7 @@ class ShardedServerRegime(_BucketRegime):
             bucket.buffer.unpack(bucket.params)
         spent = time.perf_counter() - start
         self.extra_seconds += spent
-        return waited + spent
+        return StepResult(waited + spent)
 
     def gradients(self):
         """This rank's own gradients and the averaged gradient of the shards it serves."""

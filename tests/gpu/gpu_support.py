@@ -10,7 +10,6 @@ import torch
 from mpi4py import MPI
 
 import conftest
-from hpctrain.data import synthetic
 from hpctrain.devices import node_local_rank
 from hpctrain.train import TrainConfig
 
@@ -63,14 +62,9 @@ def device():
     return rank_device()
 
 
-@pytest.fixture(scope="module")
-def data_file(tmp_path_factory):
-    """40 rows of 1x3x3 synthetic samples over 3 classes, written by rank 0 (collective)."""
-    path = None
-    if RANK == 0:
-        path = synthetic.write(tmp_path_factory.mktemp("data") / "gpu.h5", 40, (1, 3, 3), 3,
-                               seed=7, noise=0.5)
-    return COMM.bcast(path, root=0)
+#: tests/conftest.py's ``data_file`` (its ``SMALL_DATA``: 40 rows of 1x3x3 over 3 classes,
+#: written by rank 0), for the modules here to import with the fixtures that use it.
+data_file = conftest.data_file
 
 
 @pytest.fixture

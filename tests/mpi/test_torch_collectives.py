@@ -5,8 +5,8 @@ tests/mpi/test_torch_collectives.py``. Covered: allgather (rows that differ per 
 included, any dtype), reduce-scatter (rows that do not divide by the ranks, Sum/Average,
 integer truncation, scale factors), alltoall (equal, given and received splits), broadcast,
 the grouped forms, each collective's gradient (Horovod's conventions), Product, Adasum, sparse
-allreduce and ``hvd.SyncBatchNorm``. ``tests/mpi/test_torch_api.py`` covers the allreduce
-itself and the optimizer.
+allreduce and ``hvd.SyncBatchNorm``. ``tests/mpi/test_torch_matches_horovod.py`` covers the
+allreduce itself and the optimizer.
 
 Every rank's input is a function of its rank, so each rank computes the expected result from
 all ranks' inputs itself; the values are small integers, exact in any order of summation and

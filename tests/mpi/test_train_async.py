@@ -4,20 +4,21 @@ import math
 
 import pytest
 
-from hpctrain.data import synthetic
 from hpctrain.errors import UsageError
 from hpctrain.train import TrainConfig, train
 
-from conftest import from_rank0
+from conftest import SyntheticData
 
 pytestmark = pytest.mark.mpi
 
+#: conftest's data_file: 320 training rows, which the step count below is made of.
+DATA = SyntheticData(rows=400, shape=(16,), classes=4, seed=5, noise=1.0)
+
 
 @pytest.fixture
-def config(comm, tmp_path):
-    path, run_dir = from_rank0(comm, lambda: (
-        synthetic.write(tmp_path / "async.h5", 400, (16,), 4, seed=5, noise=1.0), str(tmp_path)))
-    return TrainConfig(data=str(path), run_dir=run_dir, regime="async-ps", hidden=16,
+def config(comm, data_file, tmp_path):
+    run_dir = comm.bcast(str(tmp_path), root=0)
+    return TrainConfig(data=str(data_file), run_dir=run_dir, regime="async-ps", hidden=16,
                        epochs=2, batch_size=8, lr=0.05, progress="never")
 
 

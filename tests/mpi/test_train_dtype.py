@@ -16,15 +16,13 @@ import numpy as np
 import pytest
 import torch
 
-from hpctrain.data import synthetic
 from hpctrain.models import mlp
-from hpctrain.train import TrainConfig, train
+from hpctrain.train import train
 
-from conftest import all_ranks, from_rank0
+from conftest import PER_RANK_BATCH, all_ranks
 
 pytestmark = pytest.mark.mpi
 
-PER_RANK_BATCH = 3
 EPSILON = float(np.finfo(np.float64).eps)
 
 
@@ -33,22 +31,11 @@ def float64_mlp(sample_shape, classes):
     return mlp.build(sample_shape, classes, hidden=8).to(torch.float64)
 
 
-@pytest.fixture(scope="module")
-def data_file(comm, tmp_path_factory):
-    # 40 rows, 30 for training: padded last batches at N = 3 and 4, exact at N = 2.
-    return from_rank0(comm, lambda: synthetic.write(
-        tmp_path_factory.mktemp("data") / "dtype.h5", 40, (1, 3, 3), 3, seed=7, noise=0.5))
-
-
 @pytest.fixture
-def config(comm, data_file, tmp_path):
-    run_dir = comm.bcast(str(tmp_path), root=0)
-    # Tiny buckets (~100 bytes) give several buckets, and shards of uneven sizes.
-    return TrainConfig(data=str(data_file), run_dir=run_dir, model=f"{__name__}:float64_mlp",
-                       epochs=2, batch_size=PER_RANK_BATCH, val_fraction=0.25, lr=0.1,
-                       momentum=0.9, weight_decay=0.01, lr_scaling="none",
-                       warmup_epochs=0.0, lr_decay="none", checkpoint_every="0",
-                       progress="never", bucket_mb=100 / 2**20)
+def config(config):
+    """tests/conftest.py's run (30 training rows of its data_file, tiny buckets: several
+    buckets and shards of uneven sizes) with the float64 model of :func:`float64_mlp`."""
+    return dataclasses.replace(config, model=f"{__name__}:float64_mlp")
 
 
 def tolerance(size, steps):

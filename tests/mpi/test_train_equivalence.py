@@ -16,36 +16,20 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hpctrain.data import HDF5Dataset, split_indices, synthetic
+from hpctrain.data import HDF5Dataset, split_indices
 from hpctrain.models import build_model
 from hpctrain.sampler import DistributedSampler
-from hpctrain.train import TrainConfig, train
+from hpctrain.train import train
 from hpctrain.train.config import ALLREDUCE
 
-from conftest import from_rank0
+from conftest import PER_RANK_BATCH
 
 pytestmark = pytest.mark.mpi
 
 CASES = [("allreduce", algo) for algo in ALLREDUCE] + [("ps", "ring"), ("ps-sharded", "ring")]
-PER_RANK_BATCH = 3
 
-
-@pytest.fixture(scope="module")
-def data_file(comm, tmp_path_factory):
-    # 40 rows, 30 for training: padded last batches at N = 3 and 4, exact at N = 2.
-    return from_rank0(comm, lambda: synthetic.write(
-        tmp_path_factory.mktemp("data") / "eq.h5", 40, (1, 3, 3), 3, seed=7, noise=0.5))
-
-
-@pytest.fixture
-def config(comm, data_file, tmp_path):
-    run_dir = comm.bcast(str(tmp_path), root=0)
-    # Tiny buckets (~100 bytes) give several buckets, so bucket order and overlap matter.
-    return TrainConfig(data=str(data_file), run_dir=run_dir, hidden=8, epochs=2,
-                       batch_size=PER_RANK_BATCH, val_fraction=0.25, lr=0.1, momentum=0.9,
-                       weight_decay=0.01, lr_scaling="none", warmup_epochs=0.0,
-                       lr_decay="none", checkpoint_every="0", progress="never",
-                       bucket_mb=100 / 2**20)
+# data_file and config are tests/conftest.py's: 40 rows, 30 for training, in steps of
+# PER_RANK_BATCH rows per rank with nothing that depends on the number of ranks.
 
 
 def reference_weights(config, size):

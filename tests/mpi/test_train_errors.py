@@ -7,20 +7,22 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hpctrain.data import synthetic
 from hpctrain.errors import UsageError
 from hpctrain.train import TrainConfig, train
 
-from conftest import from_rank0
+from conftest import SyntheticData
 
 pytestmark = pytest.mark.mpi
 
+#: conftest's data_file: 60 rows, 48 for training: no batch of 100 fits, and a validation
+#: fraction of 0.995 leaves none.
+DATA = SyntheticData(rows=60, shape=(6,), classes=3, seed=1)
+
 
 @pytest.fixture
-def config(comm, tmp_path):
-    path, run_dir = from_rank0(comm, lambda: (
-        synthetic.write(tmp_path / "e.h5", 60, (6,), 3, seed=1), str(tmp_path)))
-    return TrainConfig(data=str(path), run_dir=run_dir, hidden=8, epochs=1, batch_size=4,
+def config(comm, data_file, tmp_path):
+    run_dir = comm.bcast(str(tmp_path), root=0)
+    return TrainConfig(data=str(data_file), run_dir=run_dir, hidden=8, epochs=1, batch_size=4,
                        allreduce="ring", progress="never", checkpoint_every="0")
 
 

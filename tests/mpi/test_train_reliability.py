@@ -10,25 +10,24 @@ import torch
 from mpi4py import MPI
 
 from hpctrain import faults
-from hpctrain.data import synthetic
 from hpctrain.train import TrainConfig, train
 from hpctrain.train.nonfinite import NonFiniteError
 
-from conftest import from_rank0
+from conftest import SyntheticData, from_rank0
 
 pytestmark = pytest.mark.mpi
 
 REGIMES = [("allreduce", "ring"), ("allreduce", "horovod"), ("ps", "ring"),
            ("ps-sharded", "ring")]
+#: conftest's data_file: 64 training rows, 4 steps per epoch of batch 4 per rank at N = 4:
+#: step 4 is in epoch 1 at every N, and the run's 2 epochs reach the check at step 6.
+DATA = SyntheticData(rows=80, shape=(6,), classes=3, seed=4, noise=1.5)
 
 
 @pytest.fixture
-def config(comm, tmp_path_factory):
-    def write():
-        root = tmp_path_factory.mktemp("rel")
-        return synthetic.write(root / "r.h5", 80, (6,), 3, seed=4, noise=1.5), str(root / "run")
-    path, run_dir = from_rank0(comm, write)
-    return TrainConfig(data=str(path), run_dir=run_dir, hidden=8, epochs=2, batch_size=4,
+def config(comm, data_file, tmp_path_factory):
+    run_dir = from_rank0(comm, lambda: str(tmp_path_factory.mktemp("rel") / "run"))
+    return TrainConfig(data=str(data_file), run_dir=run_dir, hidden=8, epochs=2, batch_size=4,
                        allreduce="ring", progress="never", checkpoint_every="0",
                        warmup_epochs=0.5)
 

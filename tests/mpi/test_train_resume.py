@@ -6,18 +6,15 @@ import pytest
 import torch
 from mpi4py import MPI
 
-from hpctrain.data import synthetic
 from hpctrain.train import TrainConfig, checkpoint, train
 
-from conftest import from_rank0
+from conftest import SyntheticData
 
 pytestmark = pytest.mark.mpi
 
-
-@pytest.fixture(scope="module")
-def data_file(comm, tmp_path_factory):
-    return from_rank0(comm, lambda: synthetic.write(
-        tmp_path_factory.mktemp("data") / "resume.h5", 120, (1, 4, 4), 4, seed=2, noise=1.5))
+#: conftest's data_file: 96 training rows, 6 steps per epoch of batch 4 per rank at N = 4:
+#: step 5 is in the first epoch at every N.
+DATA = SyntheticData(rows=120, shape=(1, 4, 4), classes=4, seed=2, noise=1.5)
 
 
 @pytest.fixture

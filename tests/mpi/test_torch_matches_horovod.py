@@ -1,10 +1,10 @@
 """hpctrain.torch against Horovod's behaviour, for every allreduce algorithm.
 
 Run under mpirun at np = 1..4: ``mpirun -np N python -m pytest --with-mpi
-tests/mpi/test_torch_api.py``. Each algorithm's tests run between one ``init`` and one
-``shutdown``; ``horovod`` (the real Horovod) runs the same tests last, so the expectations
-below are Horovod's own. The optimizer's weights are compared with those Horovod's
-``DistributedOptimizer`` reaches on the same data.
+tests/mpi/test_torch_matches_horovod.py``. Each algorithm's tests run between one ``init``
+and one ``shutdown``; ``horovod`` (the real Horovod) runs the same tests last, so the
+expectations below are Horovod's own. The optimizer's weights are compared with those
+Horovod's ``DistributedOptimizer`` reaches on the same data.
 
 At np = 1 a reduction's values are its input's; what the tests check there is the API around
 them: a new tensor or the same one, the dtype, the scaling factors, the argument checks.
@@ -20,12 +20,11 @@ from torch import nn
 import hpctrain.torch as hvd
 from hpctrain import collectives
 
-from conftest import all_ranks
+from conftest import TORCH_ALGOS, all_ranks
 
 pytestmark = pytest.mark.mpi
 
-OURS = [a for a in collectives.available() if a not in ("auto", "horovod")]
-ALGOS = OURS + [a for a in collectives.available() if a == "horovod"]
+ALGOS = TORCH_ALGOS + [a for a in collectives.available() if a == "horovod"]
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.int32, torch.int64]
 
 
