@@ -3,15 +3,18 @@
 import argparse
 import json
 import re
+import subprocess
+import sys
 
 import h5py
 import pytest
 import torch
 
-from hpctrain.bench import blocks, cli
+from hpctrain.bench import blocks, driver
 from hpctrain.bench.p2p import fit_alpha_beta
 from hpctrain.collectives import ALGORITHMS, REGISTRIES
 from hpctrain.bench.sizes import format_size, parse_size, size_range
+from hpctrain.cli import build_parser
 from hpctrain.errors import UsageError
 
 ROW = re.compile(r"^\s+(\d+)\s+(\d+)\s+(\w+)\s+(\w+)\s+([\w-]+)\s+([\d.]+)\s+([\d.]+)\s+"
@@ -106,20 +109,36 @@ def test_bench_allreduce_rejects_an_unknown_algorithm_on_every_rank(mpirun, hpct
     assert "Traceback" not in result.output
 
 
-def test_every_collective_command_has_a_plugin_that_fits_its_buffers():
-    # Two tables, kept apart so that parsing imports no torch: the command lines (cli) and
-    # the plug-ins (blocks). The same collectives in the same order, agreeing on -o and -r.
-    assert list(cli.COLLECTIVES) == list(blocks.PLUGINS)
+def test_every_collective_plugin_has_its_command_line_and_fits_its_buffers():
+    # One table: each plug-in carries its command line, which cli reads before parsing.
+    def accepts(*argv):
+        try:
+            return build_parser().parse_args(["bench", *argv])
+        except SystemExit:     # argparse's answer to an option the command does not take
+            return None
+
     args = argparse.Namespace(op="sum", root=1)
     for name, plugin in blocks.PLUGINS.items():
-        command = cli.COLLECTIVES[name]
-        assert (plugin.reduces, plugin.rooted) == (command.op, bool(command.root)), name
+        assert accepts(name).collective == name
+        assert (bool(accepts(name, "-o", "max")), bool(accepts(name, "--root", "1"))) == \
+            (plugin.reduces, plugin.rooted), name
         assert REGISTRIES[name], name
         # On 3 ranks, blocks of 5: each rank's input fills send, its exact result recv.
         for rank in range(3):
-            send, recv = plugin.buffers(5, 3, torch.float32, "cpu")
-            assert plugin.inputs(5, rank, 3, torch.float32, "cpu").shape == send.shape, name
-            assert plugin.result(5, rank, 3, args, torch.float32).shape == recv.shape, name
+            send, recv = driver.buffers(plugin, 5, 3, torch.float32, "cpu")
+            data = driver.Exact(torch.float32, "cpu", 3)
+            assert plugin.inputs(5, rank, 3, data).shape == send.shape, name
+            assert plugin.result(5, rank, 3, args, data).shape == recv.shape, name
+
+
+def test_parsing_a_bench_command_line_imports_no_torch():
+    # The plug-ins give cli its commands: reading them must stay light (no torch, no MPI).
+    code = ("import sys; from hpctrain import cli; "
+            "cli.parse_args(['bench', 'reduce', '-o', 'max', '--root', '1']); "
+            "print(sorted(m for m in ('torch', 'mpi4py.MPI') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
 
 
 @pytest.mark.parametrize("collective", ["allgather", "reducescatter", "alltoall"])
@@ -192,6 +211,40 @@ def test_bench_broadcast_counts_a_wrong_value_and_rejects_a_root_out_of_range(mp
     assert bad.returncode == 2
     assert "--root 2 is not a rank: valid values are 0 to 1" in bad.output \
         and "Traceback" not in bad.output
+
+
+def test_bench_reduce_to_a_root_other_than_0_with_bus_factor_1(mpirun, hpctrain_cmd,
+                                                                tmp_path):
+    out_json = tmp_path / "reduce.json"
+    algos = sorted(REGISTRIES["reduce"])
+    # int64 avg: floor division, exact; the ranks off the root check their recv untouched.
+    result = mpirun(3, [*hpctrain_cmd, "bench", "reduce", "--algos", ",".join(algos),
+                        "--root", "2", "-d", "int64", "-o", "avg", "-b", "96", "-e", "6K",
+                        "-f", "8", "-n", "3", "-w", "1", "--json", out_json], timeout=180)
+    assert result.returncode == 0, result.output
+    out = result.output
+    assert out.startswith("# hpctrain") and "bench reduce" in out and " root 2" in out
+    assert "# busbw = algbw (factor 1, as nccl-tests' reduce); size: the whole vector, " \
+        "to root 2" in out, out
+    rows = ROW.findall(out)
+    # 96 B, 768 B, 6 KiB of int64, not cut into blocks: 12, 96, 768 elements.
+    assert [(int(r[0]), int(r[1]), r[2], r[3], r[4]) for r in rows] == \
+        [(8 * count, count, "int64", "avg", algo) for count in (12, 96, 768)
+         for algo in algos], out
+    assert all(r[10] == "0" for r in rows) and "# Out of bounds values : 0 OK" in out
+    document = json.loads(out_json.read_text())
+    assert document["benchmark"] == "reduce" and document["wrong"] == 0
+    assert document["settings"]["root"] == 2 and document["settings"]["redop"] == "avg"
+    assert all(row["busbw_GBps"] == row["algbw_GBps"] for row in document["rows"])
+
+
+def test_bench_reduce_counts_a_value_written_off_the_root(mpirun, hpctrain_cmd):
+    # Rank 1 is not the root: its recv must come back as it was, and a change counts.
+    result = mpirun(2, [*hpctrain_cmd, "bench", "reduce", "--algos", "tree", "-b", "64",
+                        "-e", "64", "-n", "1", "-w", "0"], timeout=120,
+                    env={"HPCTRAIN_FAULT": "bench.corrupt@1"})
+    assert result.returncode == 1, result.output
+    assert "# Out of bounds values : 1 FAILED" in result.output
 
 
 def test_bench_p2p_fits_alpha_and_beta(mpirun, hpctrain_cmd, tmp_path):

@@ -1,11 +1,12 @@
-"""The allgather, reduce-scatter, alltoall and broadcast algorithms, run without MPI on 1 to 9
-ranks.
+"""The allgather, reduce-scatter, alltoall, broadcast and reduce algorithms, run without MPI
+on 1 to 9 ranks.
 
 Each rank is a thread running the algorithm's own ``run`` over the in-memory communicator of
 tests/fake_comm.py (every receive must match its message's size exactly), once with every
 send buffered and once with every send synchronous, where an ordering that relies on MPI
 buffering deadlocks and is reported. This covers the non-powers of two 5, 6, 7 and 9 and
-the uneven blocks that the MPI suite (np = 1..4) cannot reach; broadcast from every root.
+the uneven blocks that the MPI suite (np = 1..4) cannot reach; broadcast and reduce from
+every root.
 """
 
 import numpy as np
@@ -124,6 +125,33 @@ def test_broadcast_gives_every_rank_the_roots_bytes(algo, size, eager):
             want = values(root, nbytes).astype(np.uint8)
             for rank, got in enumerate(run_ranks(size, rank_main, eager)):
                 assert np.array_equal(got, want), (algo, size, nbytes, root, rank)
+
+
+@pytest.mark.parametrize("eager", EAGER)
+@pytest.mark.parametrize("size", range(1, 10))
+@pytest.mark.parametrize("algo", ours("reduce"))
+def test_reduce_gives_the_root_the_sum_from_every_root(algo, size, eager):
+    algo_ = REGISTRIES["reduce"][algo]
+    int64 = DTYPES["int64"]
+    # One element, fewer than ranks, a prime (the caller returns before the algorithm at 0).
+    for count in sorted({1, max(size - 1, 1), 13}):
+        for root in range(size):
+            def rank_main(comm):
+                rank = comm.Get_rank()
+                send = values(rank, count, root)
+                send.flags.writeable = rank != root     # the root's vector is only read
+                recv = np.full(count, -99, dtype=np.int64) if rank == root else None
+                # A workspace of exactly the size the algorithm asks for: too small shows.
+                scratch = np.empty(algo_.workspace(size, rank, count, root), dtype=np.int64)
+                reduction = algorithm.Reduction(int64, "sum", host_reducer(int64, "sum", 0),
+                                                scratch)
+                algo_.run(comm, send, recv, root, reduction)
+                return recv
+
+            got = run_ranks(size, rank_main, eager)
+            want = sum(values(r, count, root) for r in range(size))
+            assert np.array_equal(got[root], want), (algo, size, count, root)
+            assert all(g is None for r, g in enumerate(got) if r != root)
 
 
 @pytest.mark.parametrize("size", range(1, 10))

@@ -133,6 +133,22 @@ def test_scatter_allgather_broadcast_beats_the_tree_only_for_large_messages():
     assert cost.predict("tree", n, 1, machine, collective="broadcast") == 0.0
 
 
+def test_the_tree_reduce_is_the_tree_allreduces_first_half():
+    n = 4 << 20
+    # ceil(lg 5) = 3 rounds, each the whole vector received and reduced on the root's path.
+    assert cost.coefficients("tree", n, 5, collective="reduce") == (3, 3 * n, 3 * n, 0, 0)
+    # On one node the tree allreduce is this reduce then the tree broadcast, in time as in
+    # code (tree.reduce, then tree.broadcast).
+    for p in (2, 3, 4, 7, 8):
+        both = [a + b for a, b in zip(cost.coefficients("tree", n, p, collective="reduce"),
+                                      cost.coefficients("tree", n, p, collective="broadcast"))]
+        assert tuple(both) == cost.coefficients("tree", n, p), p
+    assert cost.coefficients("tree", n, 4, nodes=2, collective="reduce") == \
+        (0, 0, 2 * n, 2, 2 * n)
+    with pytest.raises(KeyError, match="no cost formula for reduce 'mpi'; modelled: tree"):
+        cost.coefficients("mpi", n, 4, collective="reduce")
+
+
 def test_the_tree_charges_only_its_rounds_across_nodes_to_the_links_between_them():
     from hpctrain.collectives.tree import rounds_across_nodes
 

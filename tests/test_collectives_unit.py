@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 
 from hpctrain.collectives import (ALGORITHMS, DTYPES, OPS, REGISTRIES, Algorithm, available,
                                   companion)
-from hpctrain.collectives import algorithm, buffers, reduce
+from hpctrain.collectives import algorithm, buffers
+# By its path: the package's attribute ``reduce`` is the collective, not this module.
+from hpctrain.collectives.reduce import averager, host_reducer
 from hpctrain.errors import UsageError
 
 
@@ -125,6 +127,7 @@ def test_every_algorithm_module_registers_its_algorithm():
     assert available("reducescatter") == ["butterfly", "mpi", "ring"]
     assert available("alltoall") == ["mpi", "pairwise"]
     assert available("broadcast") == ["mpi", "scatter_allgather", "tree"]
+    assert available("reduce") == ["mpi", "tree"]
     assert set(DTYPES) == {"float16", "bfloat16", "float32", "float64", "int32", "int64"}
     assert set(OPS) == {"sum", "avg", "min", "max", "prod"}
 
@@ -151,24 +154,27 @@ def test_a_second_registration_of_a_name_is_refused():
         algorithm.register(Same)
 
 
-@pytest.mark.parametrize("allreduce_algo, gather, scatter, exchange, bcast", [
-    ("ring", "ring", "ring", "pairwise", "scatter_allgather"),
-    ("butterfly", "butterfly", "butterfly", "pairwise", "scatter_allgather"),
-    ("mpi", "mpi", "mpi", "mpi", "mpi"), ("hierarchical", "ring", "ring", "pairwise", "tree"),
-    ("tree", "ring", "ring", "pairwise", "tree"), ("ps", "ring", "ring", "pairwise", "tree"),
-    ("ps-sharded", "ring", "ring", "pairwise", "tree"),
-    ("auto", "ring", "ring", "pairwise", "tree"),
-    ("horovod", "ring", "ring", "pairwise", "tree")])
+@pytest.mark.parametrize("allreduce_algo, gather, scatter, exchange, bcast, to_root", [
+    ("ring", "ring", "ring", "pairwise", "scatter_allgather", "tree"),
+    ("butterfly", "butterfly", "butterfly", "pairwise", "scatter_allgather", "tree"),
+    ("mpi", "mpi", "mpi", "mpi", "mpi", "mpi"),
+    ("hierarchical", "ring", "ring", "pairwise", "tree", "tree"),
+    ("tree", "ring", "ring", "pairwise", "tree", "tree"),
+    ("ps", "ring", "ring", "pairwise", "tree", "tree"),
+    ("ps-sharded", "ring", "ring", "pairwise", "tree", "tree"),
+    ("auto", "ring", "ring", "pairwise", "tree", "tree"),
+    ("horovod", "ring", "ring", "pairwise", "tree", "tree")])
 def test_the_companion_of_each_allreduce_algorithm(allreduce_algo, gather, scatter, exchange,
-                                                   bcast):
+                                                   bcast, to_root):
     assert [companion(c, allreduce_algo)
-            for c in ("allgather", "reducescatter", "alltoall", "broadcast")] \
-        == [gather, scatter, exchange, bcast]
+            for c in ("allgather", "reducescatter", "alltoall", "broadcast", "reduce")] \
+        == [gather, scatter, exchange, bcast, to_root]
 
 
 def test_a_companion_of_an_unknown_collective_names_the_valid_ones():
     with pytest.raises(UsageError, match="unknown collective 'gather'; valid choices: "
-                                         "allgather, alltoall, broadcast, reducescatter"):
+                                         "allgather, alltoall, broadcast, reduce, "
+                                         "reducescatter"):
         companion("gather", "ring")
 
 
@@ -199,7 +205,7 @@ BIG32 = float(np.float32(1e30))     # a bound hypothesis accepts at width 32
 @given(a=halves, b=halves)
 def test_float16_sums_are_rounded_once_from_float32(a, b):
     dst, src = np.array([a], dtype=np.float16), np.array([b], dtype=np.float16)
-    reduce.host_reducer(DTYPES["float16"], "sum", 1)(dst.view(np.int16), src.view(np.int16))
+    host_reducer(DTYPES["float16"], "sum", 1)(dst.view(np.int16), src.view(np.int16))
     assert dst[0] == np.float16(np.float32(a) + np.float32(b))
 
 
@@ -210,7 +216,7 @@ def test_bfloat16_sums_are_rounded_once_from_float32(a, b):
     y = torch.tensor([b], dtype=torch.bfloat16)
     want = (x.float() + y.float()).bfloat16()
     flat_x, flat_y = x.view(torch.int16).numpy(), y.view(torch.int16).numpy()
-    reduce.host_reducer(DTYPES["bfloat16"], "sum", 1)(flat_x, flat_y)
+    host_reducer(DTYPES["bfloat16"], "sum", 1)(flat_x, flat_y)
     assert torch.equal(x, want)
 
 
@@ -221,7 +227,7 @@ def test_the_few_element_sum_rounds_like_numpy(values):
         dst = np.array(values[:count], dtype=np.float32)
         src = np.array(values[2:2 + count], dtype=np.float32)
         want = dst + src
-        reduce.host_reducer(DTYPES["float32"], "sum", count)(dst, src)
+        host_reducer(DTYPES["float32"], "sum", count)(dst, src)
         assert np.array_equal(dst, want)
 
 
@@ -229,14 +235,14 @@ def test_the_few_element_sum_rounds_like_numpy(values):
                                       ("prod", [2, -6])])
 def test_host_reducers(op, want):
     dst, src = np.array([1, -3]), np.array([2, 2])
-    reduce.host_reducer(DTYPES["int64"], op, 2)(dst, src)
+    host_reducer(DTYPES["int64"], op, 2)(dst, src)
     assert dst.tolist() == want
 
 
 def test_integer_average_is_floor_division():
     flat = np.array([-3, 3, 4], dtype=np.int32)
-    reduce.averager(DTYPES["int32"], 2, on_device=False)(flat)
+    averager(DTYPES["int32"], 2, on_device=False)(flat)
     assert flat.tolist() == [-2, 1, 2]
     halves = torch.tensor([3.0, -1.0], dtype=torch.bfloat16)
-    reduce.averager(DTYPES["bfloat16"], 2, on_device=False)(halves.view(torch.int16).numpy())
+    averager(DTYPES["bfloat16"], 2, on_device=False)(halves.view(torch.int16).numpy())
     assert halves.tolist() == [1.5, -0.5]

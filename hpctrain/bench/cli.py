@@ -1,38 +1,13 @@
-"""``hpctrain bench``: the allreduce, allgather, reduce-scatter, alltoall, broadcast and
-point-to-point benchmarks."""
+"""``hpctrain bench``: the allreduce and point-to-point benchmarks, and one per collective
+plug-in (``blocks.PLUGINS``: allgather, reducescatter, alltoall, broadcast, reduce)."""
 
-from typing import NamedTuple
-
+from .blocks import PLUGINS
 from .sizes import parse_size
 
 
-class Command(NamedTuple):
-    """The command line of one collective's benchmark (``bench/blocks.py`` has the rest)."""
-
-    moves: str                # what the collective moves, for the one-line help
-    size: str                 # what ``size`` is and how busbw is counted
-    buffers: str = "buffers"  # what each algorithm is timed on
-    op: bool = False          # takes -o
-    root: str = ""            # the help of -r/--root, where it takes one
-
-
-_BLOCKS = "size is the whole vector (p equal blocks); busbw = algbw*(p-1)/p"
-
-#: The collectives timed beside allreduce, in the help's order; each has its plug-in in
-#: ``blocks.PLUGINS``, which imports torch and so is not read here, before parsing.
-COLLECTIVES = {
-    "allgather": Command("every rank's block to every rank", _BLOCKS),
-    "reducescatter": Command("reduce, each rank keeping its block", _BLOCKS, op=True),
-    "alltoall": Command("block j of every rank to rank j", _BLOCKS),
-    "broadcast": Command("root's vector to every rank",
-                         "size is the whole vector; busbw = algbw (nccl-tests' factor 1)",
-                         buffers="buffer", root="the rank whose vector is broadcast"),
-}
-
-
 def add_parser(subparsers):
-    """Register ``bench allreduce``, ``allgather``, ``reducescatter``, ``alltoall``,
-    ``broadcast`` and ``p2p``."""
+    """Register ``bench allreduce``, one command per collective of ``blocks.PLUGINS`` (its
+    command line is the plug-in's ``command``) and ``p2p``."""
     parser = subparsers.add_parser(
         "bench", help="benchmarks: allreduce algorithms side by side, point-to-point α/β",
         description="Benchmarks modelled on nccl-tests. Run under mpirun, e.g. "
@@ -51,7 +26,8 @@ def add_parser(subparsers):
                            help="the profile for --algos auto: params.json of a study")
     allreduce.set_defaults(func=_run_allreduce)
 
-    for name, command in COLLECTIVES.items():
+    for name, plugin in PLUGINS.items():
+        command = plugin.command
         parser_ = kinds.add_parser(
             name, help=f"time every {name} algorithm per size ({command.moves}); check the "
                        f"results",
@@ -127,9 +103,9 @@ def _run_allreduce(args):
 def _run_blocks(args):
     from mpi4py import MPI
 
-    from . import blocks
+    from . import driver
 
-    return 1 if blocks.run(args.collective, args, MPI.COMM_WORLD) else 0
+    return 1 if driver.run(args.collective, args, MPI.COMM_WORLD) else 0
 
 
 def _run_p2p(args):

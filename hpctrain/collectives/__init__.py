@@ -1,12 +1,14 @@
 """Allreduce and the collectives of per-rank blocks, written by hand in Python over mpi4py,
 one algorithm per module, chosen by name.
 
-    from hpctrain.collectives import allreduce, allgather, reduce_scatter, alltoall, broadcast
+    from hpctrain.collectives import (allreduce, allgather, reduce_scatter, alltoall,
+                                      broadcast, reduce)
     allreduce(grad, op="avg", algo="ring")          # in place, on every rank
     allgather(shard, full, counts, algo="ring")     # every rank's block, on every rank
     reduce_scatter(grad, shard, counts, op="sum")   # this rank's block of the sum
     alltoall(send, sendcounts, recv, recvcounts)    # block j to rank j
     broadcast(buf, root=0, algo="tree")             # root's buf on every rank
+    reduce(grad, total, op="sum", root=0)           # the sum in total, on the root only
 
 Allreduce algorithms (``ALGORITHMS``):
 
@@ -27,19 +29,21 @@ Allreduce algorithms (``ALGORITHMS``):
 ``hpctrain.torch`` alike.
 
 allgather: ``ring``, ``butterfly``, ``mpi``; reduce_scatter: ``ring``, ``butterfly``,
-``mpi``; alltoall: ``pairwise``, ``mpi``; broadcast: ``tree``, ``scatter_allgather``, ``mpi``
-(``REGISTRIES``; :func:`companion` names the one that goes with an allreduce algorithm).
+``mpi``; alltoall: ``pairwise``, ``mpi``; broadcast: ``tree``, ``scatter_allgather``, ``mpi``;
+reduce: ``tree``, ``mpi`` (``REGISTRIES``; :func:`companion` names the one that goes with an
+allreduce algorithm).
 
-The package, one concept per module: ``dtypes`` (element types and ops), ``reduce``
-(reduction kernels), ``algorithm`` (the interfaces and the registries), ``check`` (the
-mismatch check), ``context`` (the per-communicator cache), ``buffers`` (flattening, staging,
-fusing), ``driver`` (``allreduce``, ``allreduce_fused``), ``blocks`` (``allgather``,
-``reduce_scatter``, ``alltoall``, ``broadcast``), ``cost`` (the α-β-γ model), then one
-module per algorithm (``ring.py``, ..., ``allgather_ring.py``, ``alltoall_pairwise.py``,
-``broadcast_tree.py``, ...). Every
-allreduce algorithm takes the same buffers (NumPy arrays, torch tensors on CPU or CUDA),
-dtypes (``DTYPES``) and ops (``OPS``) and reduces on a private duplicate of the
-communicator. docs/collectives.md gives each algorithm's cost and where it should win.
+The package, one concept per module: ``dtypes`` (element types and ops), ``reduce.py``
+(reduction kernels; the package's name ``reduce`` is the collective), ``algorithm`` (the
+interfaces and the registries), ``check`` (the mismatch check), ``context`` (the
+per-communicator cache), ``buffers`` (flattening, staging, fusing), ``driver``
+(``allreduce``, ``allreduce_fused``), ``blocks`` (``allgather``, ``reduce_scatter``,
+``alltoall``, ``broadcast``, ``reduce``), ``cost`` (the α-β-γ model), then one module per
+algorithm (``ring.py``, ..., ``allgather_ring.py``, ``alltoall_pairwise.py``,
+``broadcast_tree.py``, ``reduce_tree.py``, ...). Every allreduce algorithm takes the same
+buffers (NumPy arrays, torch tensors on CPU or CUDA), dtypes (``DTYPES``) and ops (``OPS``)
+and reduces on a private duplicate of the communicator. docs/collectives.md gives each
+algorithm's cost and where it should win.
 """
 
 import importlib.util
@@ -50,10 +54,14 @@ from . import allgather_ring, allgather_butterfly, allgather_mpi  # noqa: F401
 from . import reducescatter_ring, reducescatter_butterfly, reducescatter_mpi  # noqa: F401
 from . import alltoall_pairwise, alltoall_mpi  # noqa: F401
 from . import broadcast_tree, broadcast_scatter_allgather, broadcast_mpi  # noqa: F401
+from . import reduce_tree, reduce_mpi  # noqa: F401
 from . import auto, cost  # noqa: F401
 from .algorithm import (ALGORITHMS, COLLECTIVES, DEFAULT_ALLREDUCE, ENV_ALLREDUCE, REGISTRIES,
                         Algorithm)
-from .blocks import allgather, alltoall, broadcast, companion, reduce_scatter
+# The collective ``reduce`` takes the package's attribute of that name from the kernels'
+# module (reduce.py): import the kernels by their module's path, ``from
+# hpctrain.collectives.reduce import host_reducer``, which still finds the module.
+from .blocks import allgather, alltoall, broadcast, companion, reduce, reduce_scatter
 from .check import MismatchError
 from .contexts import context
 from .driver import allreduce, allreduce_fused
@@ -62,7 +70,7 @@ from .dtypes import DTYPES, OPS
 __all__ = ["ALGORITHMS", "COLLECTIVES", "DEFAULT_ALLREDUCE", "ENV_ALLREDUCE", "REGISTRIES",
            "auto", "cost", "DTYPES", "OPS", "Algorithm", "MismatchError", "allgather",
            "allreduce", "allreduce_fused", "alltoall", "available", "broadcast", "companion",
-           "context", "reduce_scatter"]
+           "context", "reduce", "reduce_scatter"]
 
 
 def available(collective="allreduce"):

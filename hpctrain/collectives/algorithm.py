@@ -4,9 +4,9 @@ An algorithm is one module holding one :class:`Algorithm` subclass decorated wit
 :func:`register`. Its ``collective`` (default ``"allreduce"``) says which registry of
 ``REGISTRIES`` it joins: ``ALGORITHMS`` is the allreduce one, and only it feeds the
 allreduce driver, ``available()``, the command-line choices, the cost fit and ``auto``;
-the allgather, reduce-scatter, alltoall and broadcast algorithms (:mod:`.blocks`) sit
-beside it in their own. An allreduce algorithm is discovered through ``ALGORITHMS`` by the
-driver, the mismatch check, the cost model (:meth:`Algorithm.cost`), ``auto``, the
+the allgather, reduce-scatter, alltoall, broadcast and reduce algorithms (:mod:`.blocks`)
+sit beside it in their own. An allreduce algorithm is discovered through ``ALGORITHMS`` by
+the driver, the mismatch check, the cost model (:meth:`Algorithm.cost`), ``auto``, the
 command-line choices and the tests (:meth:`Algorithm.examples`). A new algorithm defines
 
 - :meth:`~Algorithm.schedule`: whom this rank exchanges which slice with, computed once
@@ -29,7 +29,7 @@ from ..errors import UsageError
 from .dtypes import choices
 
 #: The collectives the package implements, each with a registry of its algorithms.
-COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast")
+COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce")
 #: collective -> {name: algorithm}; each module registers its own with :func:`register`.
 REGISTRIES = {collective: {} for collective in COLLECTIVES}
 #: The allreduce algorithms by name.
@@ -277,9 +277,10 @@ class AllgatherAlgorithm(Algorithm):
 
 @dataclass(frozen=True)
 class Reduction:
-    """What a reduce-scatter algorithm reduces with: the element type, the op (``avg`` is
-    already ``sum`` here: the driver divides), ``reduce(dst, src)`` (``dst op= src`` on
-    transport slices) and a receive workspace of at least :meth:`workspace` elements."""
+    """What a reduce-scatter or reduce algorithm reduces with: the element type, the op
+    (``avg`` is already ``sum`` here: the caller divides), ``reduce(dst, src)`` (``dst op=
+    src`` on transport slices) and a receive workspace of at least :meth:`workspace`
+    elements."""
 
     dtype: object
     op: str
@@ -337,6 +338,28 @@ class BroadcastAlgorithm(Algorithm):
 
     def run(self, comm, buf, root):
         """Copy rank ``root``'s ``buf`` into every rank's ``buf``."""
+        raise NotImplementedError
+
+
+class ReduceAlgorithm(Algorithm):
+    """One reduce algorithm (registry ``REGISTRIES["reduce"]``).
+
+    ``run(comm, send, recv, root, reduction)`` over the private communicator ``comm``:
+    ``send`` is every rank's flat transport vector, of one length on every rank (at least
+    one element), which the algorithm may overwrite except on the root; on rank ``root``,
+    ``recv`` (as long as ``send``, not overlapping it) gets ``send`` reduced over every
+    rank with ``reduction.reduce``; on the other ranks ``recv`` is ``None``. It is called
+    with the same length and ``root`` on every rank.
+    """
+
+    collective = "reduce"
+
+    def workspace(self, size, rank, count, root):
+        """Elements of receive workspace :meth:`run` needs (``reduction.scratch``)."""
+        return 0
+
+    def run(self, comm, send, recv, root, reduction):
+        """Reduce every rank's ``send`` into the root's ``recv``."""
         raise NotImplementedError
 
 

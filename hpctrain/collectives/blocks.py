@@ -1,11 +1,13 @@
-"""allgather, reduce_scatter, alltoall and broadcast: the collectives that move per-rank
-blocks (or, broadcast, one rank's vector), algorithm by name.
+"""allgather, reduce_scatter, alltoall, broadcast and reduce: the collectives that move
+per-rank blocks (or, broadcast and reduce, one vector from or to a root), algorithm by name.
 
-    from hpctrain.collectives import allgather, alltoall, broadcast, companion, reduce_scatter
+    from hpctrain.collectives import (allgather, alltoall, broadcast, companion, reduce,
+                                      reduce_scatter)
     allgather(shard, full, counts, algo="ring")            # block r of full = rank r's shard
     reduce_scatter(grad, shard, counts, op="avg")           # shard = block r of the average
     alltoall(send, sendcounts, recv, recvcounts)            # block j of rank i -> rank j
     broadcast(weights, root=0, algo="scatter_allgather")    # rank 0's weights everywhere
+    reduce(grad, total, op="sum", root=0, algo="tree")      # the sum, on rank 0 only
     companion("allgather", "butterfly")                     # -> "butterfly"
 
 ``counts[r]`` is the number of elements of rank ``r``'s block; blocks lie side by side in
@@ -13,11 +15,12 @@ rank order, rank ``r``'s at ``sum(counts[:r])``. Counts may differ and may be 0.
 
 Each algorithm is a module registered under its collective (``REGISTRIES``): allgather
 ``ring``, ``butterfly``, ``mpi``; reduce-scatter ``ring``, ``butterfly``, ``mpi``; alltoall
-``pairwise``, ``mpi``; broadcast ``tree``, ``scatter_allgather``, ``mpi``. Their messages
-move on the communicator context's private duplicate (:mod:`.contexts`), each algorithm with
-tags of its own. allgather, alltoall and broadcast move bytes, so they take any dtype;
-reduce_scatter takes ``DTYPES`` and ``OPS``. CUDA tensors go to a
-CUDA-aware MPI directly or through the context's pinned host buffer (:func:`.buffers.stage`).
+``pairwise``, ``mpi``; broadcast ``tree``, ``scatter_allgather``, ``mpi``; reduce ``tree``,
+``mpi``. Their messages move on the communicator context's private duplicate
+(:mod:`.contexts`), each algorithm with tags of its own. allgather, alltoall and broadcast
+move bytes, so they take any dtype; reduce_scatter and reduce take ``DTYPES`` and ``OPS``.
+CUDA tensors go to a CUDA-aware MPI directly or through the context's pinned host buffer
+(:func:`.buffers.stage`).
 
 Unlike :func:`~.driver.allreduce`, these calls make no agreement check: the caller
 negotiates sizes (``hpctrain.torch`` does). Arguments wrong on this rank raise a
@@ -39,7 +42,7 @@ from ..errors import UsageError
 
 #: The collectives of this module, as ``REGISTRIES`` names them, and their default algorithm.
 DEFAULTS = {"allgather": "ring", "reducescatter": "ring", "alltoall": "pairwise",
-            "broadcast": "tree"}
+            "broadcast": "tree", "reduce": "tree"}
 #: collective -> {allreduce algorithm: its companion} where the names differ: the
 #: bandwidth-optimal allreduces go with the bandwidth-optimal broadcast.
 COMPANIONS = {"broadcast": {"ring": "scatter_allgather", "butterfly": "scatter_allgather"}}
@@ -171,11 +174,7 @@ def broadcast(buf, root=0, algo="tree", comm=None):
     """
     size, rank = shape(comm)
     algorithm = lookup("broadcast", algo)
-    if isinstance(root, bool) or not isinstance(root, numbers.Integral) \
-            or not 0 <= root < size:
-        raise UsageError(f"broadcast: root={root!r} is not a rank of the communicator: "
-                         f"valid values are 0 to {size - 1}")
-    root = int(root)
+    root = rank_of("broadcast", root, size)
     flat, _, device = flatten_bytes(buf, "broadcast", writes=rank != root)
     if len(flat) == 0 or size == 1:
         return buf      # the same size on every rank: every rank returns here
@@ -190,14 +189,75 @@ def broadcast(buf, root=0, algo="tree", comm=None):
     return buf
 
 
+def reduce(send, recv, op="sum", root=0, algo="tree", comm=None):
+    """Reduce ``send`` over every rank with ``op`` into ``recv`` on rank ``root``; return
+    ``recv`` (on every rank: on the others, whatever they passed, untouched).
+
+    ``send``: a contiguous NumPy array or torch tensor (its flattened elements) of the same
+    length on every rank, dtype one of ``DTYPES``; off the root it is used as workspace and
+    may be overwritten (the tree reduces into it), on the root it is only read (a read-only
+    array is fine there). ``recv``: on the root, as many elements as ``send``, of the same
+    dtype, in the same place, not overlapping it; on every other rank it is neither read,
+    written nor checked: pass ``None``. ``op``: ``sum``, ``avg`` (floor division for
+    integers, as allreduce), ``min``, ``max`` or ``prod``. ``root``: a rank of ``comm``.
+    ``algo``: ``tree`` or ``mpi``; ``comm``: an mpi4py intracommunicator, default
+    ``COMM_WORLD``.
+
+    Synchronisation point: a collective, as :func:`broadcast`, with the same length,
+    dtype, ``op``, ``root`` and ``algo`` on every rank.
+    """
+    size, rank = shape(comm)
+    algorithm = lookup("reduce", algo)
+    if op not in OPS:
+        raise UsageError(f"unknown reduce op {op!r}; valid choices: {choices(OPS)}")
+    root = rank_of("reduce", root, size)
+    send_flat, dtype, device = flatten(send, "reduce", writes=rank != root)
+    count = send_flat.shape[0]
+    recv_flat = None if rank != root else root_buffer(recv, root, count, dtype, device)
+    if count == 0:
+        return recv     # the same length on every rank: every rank returns here
+    reduce_op = "sum" if op == "avg" else op
+    ctx = context(comm)   # collective on first use: after the arguments are checked
+
+    def bind(on_device):
+        place = device if on_device else None
+        kernel = device_reducer(dtype, reduce_op, device) if on_device \
+            else host_reducer(dtype, reduce_op, count)
+        scratch = ctx.scratch(dtype, algorithm.workspace(size, rank, count, root), place)
+        reduction = Reduction(dtype, reduce_op, kernel, scratch)
+        finish = averager(dtype, size, on_device) if op == "avg" else None
+
+        def run(s, r=None):
+            algorithm.run(ctx.comm, s, r, root, reduction)
+            if finish is not None and r is not None:
+                finish(r)
+        return run
+    # Staged through host memory, only the root copies a result back.
+    outputs = () if recv_flat is None else (recv_flat,)
+    execute(ctx, algorithm, dtype, device, (send_flat,), outputs, bind)
+    return recv
+
+
+def root_buffer(recv, root, count, dtype, device):
+    """The root's ``recv`` as a flat transport view, after checking it can take the result
+    of ``count`` elements of ``dtype`` in ``device``'s place."""
+    if recv is None:
+        raise UsageError(f"reduce: recv is None on the root (rank {root}): pass a recv "
+                         f"buffer of {count} elements there (off the root, None is fine)")
+    recv_flat, recv_dtype, recv_device = flatten(recv, "reduce")
+    same_type_and_place("reduce", (dtype.name, device), (recv_dtype.name, recv_device))
+    expect_length("reduce", "recv", recv, count, "the length of send (every rank's vector)")
+    return recv_flat
+
+
 def companion(collective, allreduce_algo):
-    """The algorithm of ``collective`` (``allgather``, ``reducescatter``, ``alltoall`` or
-    ``broadcast``) that goes with the allreduce algorithm ``allreduce_algo``: the one of
-    the same name where there is one (``ring``, ``butterfly``, ``mpi``; broadcast:
-    ``tree``, ``mpi``, and ``scatter_allgather`` for ``ring`` and ``butterfly``), else the
-    collective's default (``ring``; ``pairwise`` for alltoall; ``tree`` for broadcast) —
-    for ``ps``, ``ps-sharded``, ``hierarchical``, ``horovod``, ``auto`` and any other
-    name."""
+    """The algorithm of ``collective`` (``allgather``, ``reducescatter``, ``alltoall``,
+    ``broadcast`` or ``reduce``) that goes with the allreduce algorithm ``allreduce_algo``:
+    the one of the same name where there is one (``ring``, ``butterfly``, ``mpi``;
+    broadcast: ``tree``, ``mpi``, and ``scatter_allgather`` for ``ring`` and ``butterfly``;
+    reduce: ``tree``, ``mpi``), else the collective's default (``ring``; ``pairwise`` for
+    alltoall; ``tree`` for broadcast and reduce) — for ``ps``, ``ps-sharded``,
+    ``hierarchical``, ``horovod``, ``auto`` and any other name."""
     if collective not in DEFAULTS:
         raise UsageError(f"companion: unknown collective {collective!r}; valid choices: "
                          f"{choices(DEFAULTS)}")
@@ -213,6 +273,16 @@ def lookup(collective, algo):
         raise UsageError(f"unknown {collective} algorithm {algo!r}; valid choices: "
                          f"{choices(REGISTRIES[collective])}")
     return found
+
+
+def rank_of(what, root, size):
+    """``root`` as an ``int`` if it is a rank of a communicator of ``size`` ranks; a
+    ``UsageError`` giving the valid range otherwise."""
+    if isinstance(root, bool) or not isinstance(root, numbers.Integral) \
+            or not 0 <= root < size:
+        raise UsageError(f"{what}: root={root!r} is not a rank of the communicator: "
+                         f"valid values are 0 to {size - 1}")
+    return int(root)
 
 
 def block_bounds(counts, size, what, name):

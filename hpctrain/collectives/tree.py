@@ -3,8 +3,9 @@
 Ranks are numbered relative to the root (``vrank = (rank - root) mod p``). In the reduce,
 step ``k`` (mask ``2^k``) has every rank whose ``vrank`` has bit ``k`` set send its partial
 sum to ``vrank - 2^k`` and drop out; after ``ceil(lg p)`` steps the root holds the total.
-The broadcast runs the same tree backwards (:func:`broadcast`, which is also the whole of
-the tree broadcast collective, :mod:`.broadcast_tree`).
+The broadcast runs the same tree backwards. Each half is one function, which is also the
+whole of a collective: :func:`reduce` of the tree reduce (:mod:`.reduce_tree`),
+:func:`broadcast` of the tree broadcast (:mod:`.broadcast_tree`).
 
 Cost: ``2⌈lg p⌉α + 2n⌈lg p⌉β + n⌈lg p⌉γ``. Few latencies, but the whole vector crosses
 every level twice and the ranks near the root do the most work: it suits small messages
@@ -58,6 +59,24 @@ def rounds_across_nodes(size, nodes, root=0):
     return across
 
 
+def reduce(comm, flat, sched, scratch, kernel, tag):
+    """The tree's reduce of ``flat`` toward its root over ``comm``: each child's partial
+    result received into ``scratch`` (at least ``len(flat)`` elements) and reduced into
+    ``flat`` with ``kernel(dst, src)``, then ``flat`` sent to the parent (the tree
+    allreduce's first half, and the whole tree reduce). At the root ``flat`` ends holding
+    the total."""
+    if sched.children:
+        scratch = scratch[:flat.shape[0]]
+        # Children in the order of their subtrees' sizes, smallest first: the order they
+        # finish. A child's send waits for nothing but its own subtree, so these blocking
+        # calls cannot deadlock, even where MPI makes every send synchronous.
+        for child in sched.children:
+            comm.Recv(scratch, child, tag)
+            kernel(flat, scratch)
+    if sched.parent is not None:
+        comm.Send(flat, sched.parent, tag)
+
+
 def broadcast(comm, flat, sched, tag):
     """The tree's broadcast of ``flat`` from its root over ``comm``: from the parent, then
     to every child (the tree allreduce's second half, and the whole tree broadcast)."""
@@ -81,13 +100,7 @@ class Tree(RootedAlgorithm):
 
     def run(self, comm, flat, plan):
         sched, tag = plan.schedule, self.tag
-        if sched.children:
-            scratch, reduce = plan.scratch[:flat.shape[0]], plan.reduce
-            for child in sched.children:
-                comm.Recv(scratch, child, tag)
-                reduce(flat, scratch)
-        if sched.parent is not None:
-            comm.Send(flat, sched.parent, tag)
+        reduce(comm, flat, sched, plan.scratch, plan.reduce, tag)
         broadcast(comm, flat, sched, tag)
 
     def cost(self, nbytes, ranks, nodes, params):

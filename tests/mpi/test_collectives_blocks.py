@@ -1,14 +1,15 @@
-"""allgather, reduce_scatter, alltoall, broadcast under mpirun: ``mpirun -np N python -m
-pytest --with-mpi tests/mpi/test_collectives_blocks.py``.
+"""allgather, reduce_scatter, alltoall, broadcast, reduce under mpirun: ``mpirun -np N
+python -m pytest --with-mpi tests/mpi/test_collectives_blocks.py``.
 
 Every algorithm of each collective (from ``REGISTRIES``) x
 block sizes (all empty, one element each, fewer elements than ranks, uneven with an empty
 block, prime, about a million) x dtypes (any dtype for the three that move bytes; ``DTYPES``
-x every op for reduce_scatter), broadcast from every root, on integer-valued data whose
-sums and products are exact in any order, against a NumPy reference, bit for bit. Every
-final assertion is collective (``all_ranks``). At np = 1 each collective copies this rank's
-block (broadcast: leaves the root's vector): the checks there show the copy lands in place;
-the argument checks are real at every size.
+x every op for reduce_scatter and reduce), broadcast and reduce from every root, on
+integer-valued data whose sums and products are exact in any order, against a NumPy
+reference, bit for bit. Every final assertion is collective (``all_ranks``). At np = 1 each
+collective copies this rank's block (broadcast: leaves the root's vector; reduce: copies
+it, divided by 1 for avg): the checks there show the copy lands in place; the argument
+checks are real at every size.
 """
 
 from functools import partial
@@ -20,7 +21,7 @@ from mpi4py import MPI
 
 from conftest import abort_on_error, all_ranks
 from hpctrain.collectives import (DTYPES, OPS, REGISTRIES, allgather, allreduce, alltoall,
-                                  broadcast, reduce_scatter)
+                                  broadcast, reduce, reduce_scatter)
 from hpctrain.errors import UsageError
 
 pytestmark = pytest.mark.mpi
@@ -124,8 +125,9 @@ def test_allgather_of_torch_tensors_into_a_tensor():
 
 # ----- reduce_scatter ---------------------------------------------------------------------------
 
-def scatter_reference(dtype, op, total, salt):
-    """The whole reduced vector, exactly as reduce_scatter must give it, as float64."""
+def reduced_reference(dtype, op, total, salt):
+    """The whole reduced vector, exactly as reduce_scatter (block by block) and reduce (on
+    the root) must give it, as float64."""
     stacked = np.stack([values(r, total, salt, op) for r in range(SIZE)])
     reduced = {"sum": np.sum, "avg": np.sum, "min": np.min, "max": np.max,
                "prod": np.prod}[op](stacked, axis=0)
@@ -152,7 +154,7 @@ def scatter_case(algo, dtype, op, name, counts, salt, kind="numpy"):
         send, recv = torch.from_numpy(send), torch.from_numpy(recv)
     out = abort_on_error(reduce_scatter, send, recv, counts, op=op, algo=algo)
     lo, hi = offsets(counts)[RANK:RANK + 2]
-    want = scatter_reference(dtype, op, total, salt)[lo:hi]
+    want = reduced_reference(dtype, op, total, salt)[lo:hi]
     got = as_float64(recv)
     if out is not recv or not np.array_equal(got, want):
         wrong = np.flatnonzero(got != want)
@@ -280,6 +282,109 @@ def test_broadcast_of_tensors_of_any_shape_on_a_split_communicator():
     finally:
         sub.Free()
     _all_ranks(not failures, failures)
+
+
+# ----- reduce ----------------------------------------------------------------------------------
+
+def reduce_case(algo, dtype, op, name, count, root, salt):
+    """One reduce to ``root``. Off the root ``recv`` is ``None`` or, every other salt, a
+    buffer that must come back untouched; on the root ``send`` must be left as it was."""
+    send = make(values(RANK, count, salt, op), dtype)
+    sent = bits(send)
+    recv = empty(count, dtype) if RANK == root or salt % 2 else None
+    before = None if recv is None else bits(recv)
+    out = abort_on_error(reduce, send, recv, op=op, root=root, algo=algo)
+    what = f"reduce {algo} {dtype} {op} {name} ({count}) to root {root}"
+    if out is not recv:
+        return f"{what}: returned another object than recv"
+    if RANK != root:
+        after = None if out is None else bits(out)
+        return f"{what}: recv written off the root" if after != before else None
+    want, got = reduced_reference(dtype, op, count, salt), as_float64(recv)
+    if not np.array_equal(got, want):
+        wrong = np.flatnonzero(got != want)
+        return f"{what}: first wrong at {wrong[0]}: got {got[wrong[0]]}, want {want[wrong[0]]}"
+    if bits(send) != sent:
+        return f"{what}: the root's send was written"
+    return None
+
+
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("algo", sorted(REGISTRIES["reduce"]))
+def test_reduce_matches_the_reference_from_every_root(algo, dtype):
+    failures = []
+    for root in range(SIZE):
+        for op in sorted(OPS):
+            for salt, (name, count) in enumerate(broadcast_counts().items()):
+                # About a million elements: sum and prod, from the last root only.
+                if name == "large" and (op not in ("sum", "prod") or root != SIZE - 1):
+                    continue
+                failures.append(reduce_case(algo, dtype, op, name, count, root, salt + root))
+    failures = [f for f in failures if f]
+    _all_ranks(not failures, failures)
+
+
+def test_reduce_of_tensors_of_any_shape_on_a_split_communicator():
+    # A communicator of its own (the even and the odd ranks): its own private duplicate,
+    # roots numbered within it; a torch tensor of three dimensions; the root's send a
+    # read-only array.
+    sub = COMM.Split(RANK % 2, RANK)
+    size, rank = sub.Get_size(), sub.Get_rank()
+    failures = []
+    try:
+        for algo in sorted(REGISTRIES["reduce"]):
+            root = size - 1
+            tensor = torch.full((3, 5, 7), float(rank + 1), dtype=torch.bfloat16)
+            total = torch.zeros((3, 5, 7), dtype=torch.bfloat16) if rank == root else None
+            reduce(tensor, total, "sum", root, algo, sub)
+            if rank == root and not bool((total == size * (size + 1) // 2).all()):
+                failures.append(f"{algo}: tensor")
+            array = np.arange(11, dtype=np.int32) * (rank + 1)
+            array.flags.writeable = rank != root
+            out = np.zeros(11, dtype=np.int32) if rank == root else None
+            reduce(array, out, "max", root, algo, sub)
+            if rank == root and out.tolist() != [i * size for i in range(11)]:
+                failures.append(f"{algo}: read-only root")
+    finally:
+        sub.Free()
+    _all_ranks(not failures, failures)
+
+
+def test_reduce_bad_arguments_raise_on_every_rank_with_what_would_be_right():
+    # Every rank makes each bad call, as its own root where the root's buffers are wrong:
+    # each raises on its own, before any message, and no rank waits for another.
+    ones = np.ones(SIZE)
+    read_only = np.ones(SIZE)
+    read_only.flags.writeable = False
+    cases = {
+        f"reduce: root={SIZE} is not a rank of the communicator: valid values are 0 to "
+        f"{SIZE - 1}": lambda: reduce(ones, ones, root=SIZE),
+        "root=-1 is not a rank": lambda: reduce(ones, ones, root=-1),
+        "root=True is not a rank": lambda: reduce(ones, ones, root=True),
+        f"reduce: recv has {SIZE + 1} elements, but the length of send (every rank's "
+        f"vector) is {SIZE}: pass a recv buffer of {SIZE} elements":
+            lambda: reduce(ones, np.ones(SIZE + 1), root=RANK),
+        f"reduce: recv is None on the root (rank {RANK}): pass a recv buffer of {SIZE} "
+        f"elements there": lambda: reduce(ones, None, root=RANK),
+        "unknown reduce op 'xor'; valid choices: avg, max, min, prod, sum":
+            lambda: reduce(ones, ones, op="xor", root=RANK),
+        "unknown reduce algorithm 'ring'; valid choices: mpi, tree":
+            lambda: reduce(ones, ones, root=RANK, algo="ring"),
+        "reduce does not support dtype complex64; valid choices": lambda: reduce(
+            np.ones(SIZE, np.complex64), np.ones(SIZE, np.complex64), root=RANK),
+        "reduce: send is float64 but recv is float32: both buffers must have the same dtype":
+            lambda: reduce(ones, np.ones(SIZE, np.float32), root=RANK),
+        "reduce needs a contiguous buffer": lambda: reduce(np.ones(4 * SIZE)[::2], ones,
+                                                           root=RANK),
+    }
+    if SIZE > 1:   # off the root send is workspace: a read-only one is refused there
+        cases["writes into the array"] = lambda: reduce(read_only, None, root=(RANK + 1) % SIZE)
+    missing = [f"{expected!r}: got {message(call)!r}" for expected, call in cases.items()
+               if expected not in message(call)]
+    total = np.zeros(SIZE) if RANK == 0 else None
+    reduce(np.full(SIZE, RANK + 1.0), total, root=0)     # a correct call after them, on all
+    works = RANK != 0 or total.tolist() == [SIZE * (SIZE + 1) / 2] * SIZE
+    _all_ranks(not missing and works, missing)
 
 
 # ----- allreduce with prod ------------------------------------------------------------------------
