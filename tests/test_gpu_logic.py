@@ -36,7 +36,8 @@ class FakeComm:
 
     def Split_type(self, split_type, key):
         self.splits += 1
-        return SimpleNamespace(Get_rank=lambda: self.local_rank, Free=lambda: None)
+        return SimpleNamespace(Get_rank=lambda: self.local_rank,
+                               Get_size=lambda: self.local_rank + 1, Free=lambda: None)
 
 
 @pytest.fixture
