@@ -276,3 +276,14 @@ def test_fit_alpha_beta_never_goes_negative():
     # Flat times (pure latency, noise makes the slope negative): beta is 0.
     alpha, beta = fit_alpha_beta([8, 64, 512], [2.1e-6, 2.0e-6, 1.9e-6])
     assert beta == 0.0 and alpha == pytest.approx(2.0e-6, rel=0.05)
+
+
+def test_fit_alpha_beta_holding_beta_at_zero_is_the_least_squares_alpha():
+    # Times that fall with size: beta is held at 0, and alpha minimises the relative
+    # residuals sum((alpha / t - 1)^2), at sum(1/t) / sum(1/t^2), not at the harmonic mean.
+    seconds = [3e-6, 2e-6, 1e-6]
+    alpha, beta = fit_alpha_beta([8, 64, 512], seconds)
+    inverse = [1 / t for t in seconds]
+    assert beta == 0.0
+    assert alpha == pytest.approx(sum(inverse) / sum(i * i for i in inverse), rel=1e-9)
+    assert alpha != pytest.approx(len(seconds) / sum(inverse), rel=1e-3)

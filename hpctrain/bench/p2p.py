@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 
+from ..collectives.cost import nonnegative_fit
 from ..errors import UsageError
 from . import report
 from .sizes import format_size, size_range
@@ -84,19 +85,14 @@ def fit_alpha_beta(sizes, seconds):
 
     Residuals are relative (weighted by 1/time): sizes span many orders of magnitude, and an
     unweighted fit would let the largest messages decide alpha as well as beta. Both are
-    non-negative: where the free fit's alpha is negative (a link whose small messages are
-    helped by a burst allowance, say), beta alone is fitted with alpha = 0, and vice versa.
+    non-negative (:func:`hpctrain.collectives.cost.nonnegative_fit`): where the free fit's
+    alpha would be negative (a link whose small messages are helped by a burst allowance,
+    say), beta alone is fitted with alpha = 0, and vice versa.
     """
     x, y = np.asarray(sizes, float), np.asarray(seconds, float)
     if len(set(sizes)) < 2 or (y <= 0).any():
         return (float(np.mean(y)), 0.0)
-    beta, alpha = np.polyfit(x, y, 1, w=1 / y)
-    if alpha < 0:
-        # min sum((beta x / y - 1)^2): beta = sum(x / y) / sum((x / y)^2)
-        ratio = x / y
-        return 0.0, float(ratio.sum() / (ratio ** 2).sum())
-    if beta < 0:
-        return float(len(y) / (1 / y).sum()), 0.0   # min sum((alpha / y - 1)^2)
+    alpha, beta = nonnegative_fit(np.column_stack([1 / y, x / y]), np.ones(len(y)))
     return float(alpha), float(beta)
 
 

@@ -154,17 +154,24 @@ def fit(points, gamma=None, **options):
     if gamma is not None:
         target = target - design[:, 2] * gamma
         unknowns = [j for j in unknowns if j != 2]
-    # Per message and per byte, the columns differ by about 1e8: solved on columns of unit
-    # norm (the scale changes neither the optimum nor the signs), then scaled back.
-    columns = design[:, unknowns]
-    scale = np.linalg.norm(columns, axis=0)
     best = np.zeros(len(FIELDS))
-    best[unknowns] = nnls(columns / scale, target)[0] / scale
+    best[unknowns] = nonnegative_fit(design[:, unknowns], target)
     if gamma is not None:
         best[2] = gamma
     used = set(unknowns) | ({2} if gamma is not None else set())
     values = [float(best[j]) if j in used or j < 3 else None for j in range(len(FIELDS))]
     return Params(*values)
+
+
+def nonnegative_fit(columns, target):
+    """``x >= 0`` minimising ``|columns @ x - target|`` (``scipy.optimize.nnls``): the one
+    non-negative least-squares fit of the package (the cost model's, the ping-pong's α, β).
+
+    Per message and per byte, the columns differ by about 1e8: solved on columns of unit norm
+    (the scale changes neither the optimum nor the signs), then scaled back."""
+    scale = np.linalg.norm(columns, axis=0)
+    scale[scale == 0] = 1.0
+    return nnls(columns / scale, target)[0] / scale
 
 
 def determined(points, **options):
