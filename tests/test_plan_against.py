@@ -11,7 +11,7 @@ import pytest
 from hpctrain.collectives import cost
 from hpctrain.data import write_arrays
 from hpctrain.errors import UsageError
-from hpctrain.study import plan, plan_against
+from hpctrain.study import plan, plan_against, step
 
 # One millisecond per message, 10 µs per byte, nothing per byte reduced: a 200-byte ring
 # allreduce at p = 2 takes 2 messages (2 ms) and 200 bytes on a link (2 ms).
@@ -73,7 +73,7 @@ def rows_of(tmp_path, measured, scaling="weak", params=PARAMS, ranks_per_node=1)
     document = json.loads((write_train(tmp_path, measured, scaling) / "train.json").read_text())
     config = plan_against.train_config(document["settings"])
     layers = plan_against.train_layers(config)
-    cluster = plan.Cluster(ranks_per_node, cost.params_of(params), "test")
+    cluster = step.Cluster(ranks_per_node, cost.params_of(params), "test")
     return plan_against.compare(document, layers, cluster, config.bucket_mb, config.overlap)
 
 
@@ -116,9 +116,9 @@ def test_a_reduction_during_backward_is_hidden(tmp_path):
     document = json.loads((folder / "train.json").read_text())
     config = plan_against.train_config(document["settings"])
     layers = plan_against.train_layers(config)
-    cluster = plan.Cluster(1, cost.params_of(PARAMS), "test")
-    grads = plan.gradients(layers, 2 * 0.008 / 3)
-    buckets = plan.buckets(grads, 100)
+    cluster = step.Cluster(1, cost.params_of(PARAMS), "test")
+    grads = step.gradients(layers, 2 * 0.008 / 3)
+    buckets = step.buckets(grads, 100)
     assert [b[0] for b in buckets] == [40, 80, 80]
     row = plan_against.compare(document, layers, cluster, config.bucket_mb)[0]
     end = 0.008 * 2 / 3 * 8 / 40 + 0.0024 + 0.0028 + 0.0028

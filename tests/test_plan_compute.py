@@ -10,7 +10,7 @@ import torch
 
 from hpctrain.collectives import cost
 from hpctrain.errors import UsageError
-from hpctrain.study import compute, plan
+from hpctrain.study import compute, plan, step
 from hpctrain.study.architectures import Layer
 
 
@@ -18,7 +18,7 @@ def test_measured_gradients_come_in_the_order_and_at_the_times_backward_had_them
     layers = [Layer("a", 100, 9.0), Layer("b", 200, 1.0), Layer("c", 300, 1.0)]
     measured = compute.Compute(batch=8, steps=1, forward_s=0.2, backward_s=0.5,
                                ready={"c": 0.1, "b": 0.3})
-    grads = plan.measured_gradients(layers, measured)
+    grads = step.measured_gradients(layers, measured)
     # Not by multiply-adds: as measured; "a" got no gradient, so it counts at backward's end.
     assert [(g.name, g.nbytes, g.ready) for g in grads] == [("c", 300, 0.1), ("b", 200, 0.3),
                                                             ("a", 100, 0.5)]

@@ -102,7 +102,9 @@ def add_parser(subparsers):
                     "every point of a measured `study train`. See docs/studies.md.",
         epilog="examples:\n"
                "  python -m hpctrain study plan --model resnet50 --samples-per-s 400 \\\n"
-               "      --batch 64 --ranks 512 --ranks-per-node 8 --intra nvlink --inter ib-edr\n"
+               "      --batch 64 --ranks 512 --intra nvlink-v100 --inter ib-edr\n"
+               "  python -m hpctrain study plan --model vgg16 --samples-per-s 154 --ranks 512 \\\n"
+               "      --ranks-per-node 4 --intra pcie3 --inter 25gbe --spread 0.02:0:0.04 --band\n"
                "  python -m hpctrain study plan --horovod-benchmark    # against published runs\n"
                "  python -m hpctrain study plan --against runs/train-weak,runs/train-strong \\\n"
                "      --params runs/study-vcluster/params.json        # against measured training")
@@ -115,8 +117,9 @@ def add_parser(subparsers):
                          help="one device's training samples/s at --batch")
     planner.add_argument("--measure-compute", action="store_true",
                          help="instead of --samples-per-s: time forward and backward of the "
-                              "model at --batch here, and each layer's gradient as backward "
-                              "hands it over")
+                              "model at --batch here, each layer's gradient as backward hands "
+                              "it over, the steps' spread, and backward's slowdown with a "
+                              "reduction beside it")
     planner.add_argument("--measure-steps", type=int, default=3,
                          help="timed steps for --measure-compute, after one warm-up "
                               "(default: 3)")
@@ -125,17 +128,44 @@ def add_parser(subparsers):
     planner.add_argument("--ranks-per-node", type=int, default=None,
                          help="ranks (GPUs) per node (default: 8; with --against, the "
                               "fit's --ranks-per-node)")
-    planner.add_argument("--intra", default="nvlink",
-                         help="link inside a node: nvlink, pcie, ... (default: nvlink)")
+    planner.add_argument("--intra", default="nvlink-v100",
+                         help="link inside a node: a preset (nvlink-p100, nvlink-v100, "
+                              "nvlink-a100, nvlink-h100, pcie3, pcie4, pcie5) or RATE[,LATENCY], "
+                              "e.g. 200GB/s,2us (default: nvlink-v100)")
     planner.add_argument("--inter", default="ib-edr",
-                         help="link between nodes: 10gbe, 25gbe, 100gbe, ib-edr, ib-hdr "
-                              "(default: ib-edr)")
+                         help="link between nodes: a preset (10gbe, 25gbe, 50gbe, 100gbe, "
+                              "200gbe, 400gbe, ib-edr, ib-hdr, ib-ndr) or RATE[,LATENCY], e.g. "
+                              "50gbit,5us (default: ib-edr)")
     planner.add_argument("--adapters", type=int, default=1,
                          help="network adapters per node (default: 1)")
     planner.add_argument("--link-efficiency", type=float, default=1.0,
-                         help="share of the line rate reached (default: 1.0)")
+                         help="share of the links' practical busbw reached (default: 1.0)")
     planner.add_argument("--reduce-rate", type=float, default=100.0,
                          help="GB/s one rank sums gradients at (default: 100)")
+    planner.add_argument("--spread", metavar="VALUE[:LOW:HIGH]",
+                         help="stragglers: one rank's step time, standard deviation over mean "
+                              "(e.g. 0.02:0.01:0.04; default: measured by --measure-compute, "
+                              "else none)")
+    planner.add_argument("--slowdown", metavar="VALUE[:LOW:HIGH]",
+                         help="backward's slowdown factor while a reduction runs beside it, "
+                              ">= 1 (e.g. 1.05:1:1.1; default: measured by --measure-compute, "
+                              "else 1)")
+    planner.add_argument("--update-ms", metavar="VALUE[:LOW:HIGH]",
+                         help="tail: the update of all parameters, charged for the gradients "
+                              "reduced after backward, where one rank updates during backward "
+                              "(default: 0)")
+    planner.add_argument("--negotiation-us", metavar="VALUE[:LOW:HIGH]",
+                         help="µs to agree on one tensor per cycle (default: 0; Horovod "
+                              "measured here: 10:7:33)")
+    planner.add_argument("--negotiation-rank-us", metavar="VALUE[:LOW:HIGH]",
+                         help="µs more per tensor and per rank, for a coordinator that "
+                              "gathers every rank's requests (default: 0)")
+    planner.add_argument("--band", action="store_true",
+                         help="each efficiency with a low and a high from the inputs' ranges "
+                              "(presets' busbw, VALUE:LOW:HIGH figures, measured spreads)")
+    planner.add_argument("--global-batch", type=int, metavar="B",
+                         help="strong scaling too: B split from --batch per rank down to 1 "
+                              "(e.g. 1024 with --batch 64: 16 x 64 ... 1024 x 1)")
     planner.add_argument("--params", help="a params.json from study allreduce, instead of links")
     planner.add_argument("--algos", default="ring,hierarchical",
                          help="allreduce algorithms of the cost model (default: "

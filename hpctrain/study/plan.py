@@ -1,154 +1,34 @@
 """``hpctrain study plan``: predict a data-parallel training step at scale, before buying it.
 
 For a model, a batch per rank, one device's speed and a cluster, the plan predicts at every
-rank count up to the one asked for (1 to 4096): compute, exposed communication, step time,
+rank count up to the one asked for (1 to 4096): compute, exposed communication, what hidden
+communication still costs (negotiation, slowdown of backward, tail, stragglers), step time,
 samples/s and scaling efficiency (weak scaling: samples/s at p over p times one rank's), for
 every allreduce algorithm of the cost model (:mod:`hpctrain.collectives.cost`) and every
-gradient policy, and names the best choice at each scale.
+gradient policy, and names the best choice at each scale; with ``--band``, each figure with
+a low and a high from the inputs' stated uncertainty, and a best choice only where the bands
+do not overlap; with ``--global-batch``, strong scaling of that batch too.
 
-The step's schedule is the one a data-parallel optimizer runs:
-
-- **compute**: one device's samples/s gives a step of ``batch / rate`` seconds, a third
-  forward and two thirds backward (backward computes two products per forward one); backward
-  reaches the layers in the reverse of the order forward reached them, spending on each a
-  share of its time in proportion to the layer's multiply-adds;
-- **gradients** are ready when backward has passed their layer; a **policy** groups them:
-  ``hpctrain`` (our ``DistributedOptimizer``: buckets of ``--bucket-mb``, cut in backward
-  order), ``ddp`` (PyTorch's: 25 MB buckets, the first one 1 MB) or ``horovod`` (a tensor
-  per layer; every cycle, everything ready is fused up to the fusion buffer's size);
-- **one communication channel** reduces the groups in order, each as soon as it is ready and
-  the channel is free, in the time the cost model gives for its bytes;
-- what the channel has not finished when backward ends is **exposed**: step = forward +
-  backward + exposed.
-
-Nothing here runs MPI or a model's arithmetic: the architectures are built on the meta device
-(:mod:`.architectures`).
+The step model is :mod:`.step`; the links :mod:`.links`; the terms' inputs
+:mod:`.overheads`. Nothing here runs MPI or a model's arithmetic: the architectures are
+built on the meta device (:mod:`.architectures`).
 """
 
 import importlib
 import json
 import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 from .. import models
 from ..collectives import cost
 from ..errors import UsageError
-from . import architectures
+from . import architectures, links
+from .links import LINKS
+from .overheads import Figure, Overheads, exact, expected_max, figure
+from .step import POLICIES, Cluster, gradients, measured_gradients, predict
 
-#: Links by name: (latency s, bandwidth bytes/s), nominal rates (see docs/studies.md).
-LINKS = {"nvlink": (2e-6, 150e9), "pcie": (5e-6, 12e9), "10gbe": (25e-6, 1.25e9),
-         "25gbe": (10e-6, 3.125e9), "100gbe": (5e-6, 12.5e9), "ib-edr": (1.5e-6, 12.5e9),
-         "ib-hdr": (1.5e-6, 25e9)}
-POLICIES = ("hpctrain", "ddp", "horovod")
 MAX_RANKS = 4096
-DDP_BUCKET, DDP_FIRST = 25 * 2**20, 1 * 2**20
-
-
-@dataclass(frozen=True)
-class Gradient:
-    """A layer's gradient: its bytes and when backward has it ready (s after backward starts)."""
-
-    name: str
-    nbytes: int
-    ready: float
-
-
-@dataclass(frozen=True)
-class Transfer:
-    """One reduction on the channel: its bytes, when its data was ready, start and end."""
-
-    nbytes: int
-    ready: float
-    start: float
-    end: float
-
-
-def gradients(layers, backward_s):
-    """The layers' gradients in backward order, each ready when backward has passed its
-    layer, backward's time shared in proportion to the layers' multiply-adds."""
-    total = sum(layer.macs for layer in layers) or 1.0
-    clock, out = 0.0, []
-    for layer in reversed(layers):
-        clock += backward_s * layer.macs / total
-        out.append(Gradient(layer.name, layer.nbytes, clock))
-    return out
-
-
-def buckets(grads, bucket_bytes, first_bytes=None):
-    """``(nbytes, ready)`` per bucket, cut in backward order as our ``assign_buckets`` cuts
-    them: a bucket closes when the next gradient would take it past ``bucket_bytes`` (the
-    first one past ``first_bytes``, DDP's small first bucket); a larger gradient is alone."""
-    out, size, ready = [], 0, 0.0
-    for grad in grads:
-        cap = first_bytes if first_bytes is not None and not out else bucket_bytes
-        if size and size + grad.nbytes > cap:
-            out.append((size, ready))
-            size = 0
-        size, ready = size + grad.nbytes, grad.ready
-    if size:
-        out.append((size, ready))
-    return out
-
-
-def in_order(groups, seconds):
-    """The channel's transfers of ``groups`` (``(nbytes, ready)``), in order, each starting
-    when ready and the previous one has ended; ``seconds(nbytes)`` is one reduction's time."""
-    out, free = [], 0.0
-    for nbytes, ready in groups:
-        start = max(ready, free)
-        free = start + seconds(nbytes)
-        out.append(Transfer(nbytes, ready, start, free))
-    return out
-
-
-def fused(grads, fusion_bytes, cycle_s, seconds):
-    """Horovod's schedule: at each cycle tick when the channel is free, everything ready by
-    then (in backward order) is fused into one reduction, up to ``fusion_bytes``."""
-    out, free, index = [], 0.0, 0
-    while index < len(grads):
-        tick = max(free, grads[index].ready)
-        tick = math.ceil(tick / cycle_s - 1e-9) * cycle_s if cycle_s > 0 else tick
-        size, ready = 0, 0.0
-        while index < len(grads) and grads[index].ready <= tick + 1e-12 and \
-                (size == 0 or size + grads[index].nbytes <= fusion_bytes):
-            size, ready = size + grads[index].nbytes, grads[index].ready
-            index += 1
-        free = tick + seconds(size)
-        out.append(Transfer(size, ready, tick, free))
-    return out
-
-
-def step_times(forward_s, backward_s, transfers):
-    """``(step s, exposed s)``: forward, backward, and what the channel has left after it."""
-    last = max((t.end for t in transfers), default=0.0)
-    exposed = max(0.0, last - backward_s)
-    return forward_s + backward_s + exposed, exposed
-
-
-@dataclass(frozen=True)
-class Cluster:
-    """``ranks_per_node`` ranks per node; links inside and between nodes as cost parameters."""
-
-    ranks_per_node: int
-    params: cost.Params
-    description: str
-
-
-def link_cluster(ranks_per_node, intra, inter, efficiency=1.0, adapters=1,
-                 reduce_rate=100e9):
-    """A cluster from link names (:data:`LINKS`): ``efficiency`` scales both bandwidths (the
-    share of the line rate a transport reaches), ``adapters`` multiplies the bandwidth
-    between nodes; ``reduce_rate`` (bytes/s) is one rank's summing speed."""
-    for name in (intra, inter):
-        if name not in LINKS:
-            raise UsageError(f"unknown link {name!r}; presets: {', '.join(LINKS)}")
-    (a_in, bw_in), (a_out, bw_out) = LINKS[intra], LINKS[inter]
-    params = cost.Params(a_in, 1 / (bw_in * efficiency), 1 / reduce_rate, a_out,
-                         1 / (bw_out * efficiency * adapters))
-    return Cluster(ranks_per_node, params,
-                   f"{ranks_per_node} ranks per node on {intra}, {adapters} x {inter} between "
-                   f"nodes, {efficiency:.0%} of line rate, reduction {reduce_rate / 1e9:g} GB/s")
 
 
 def rank_counts(largest, ranks_per_node):
@@ -169,62 +49,114 @@ def rank_counts(largest, ranks_per_node):
     return sorted(set(counts + [largest]))
 
 
-def plan_point(grads, forward_s, backward_s, p, cluster, algo, policy, bucket_mb=25.0,
-               fusion_mb=64.0, cycle_ms=1.0):
-    """One prediction: the step at ``p`` ranks with ``algo`` and ``policy``."""
-    nodes = max(1, p // cluster.ranks_per_node)
-    options = {"ranks_per_node": min(p, cluster.ranks_per_node)}
-
-    def seconds(nbytes):
-        return cost.predict(algo, nbytes, p, cluster.params, nodes, **options)
-
-    if p == 1:
-        transfers = []
-    elif policy == "horovod":
-        transfers = fused(grads, fusion_mb * 2**20, cycle_ms / 1000, seconds)
-    elif policy == "ddp":
-        transfers = in_order(buckets(grads, DDP_BUCKET, DDP_FIRST), seconds)
-    else:
-        transfers = in_order(buckets(grads, bucket_mb * 2**20), seconds)
-    step, exposed = step_times(forward_s, backward_s, transfers)
-    return {"np": p, "nodes": nodes, "algo": algo, "policy": policy,
-            "bucket_mb": bucket_mb if policy == "hpctrain" else None,
-            "compute_s": forward_s + backward_s, "exposed_s": exposed, "step_s": step,
-            "comm_s": sum(t.end - t.start for t in transfers), "transfers": len(transfers),
-            "timeline": [asdict(t) for t in transfers]}
+def links_cluster(ranks_per_node, intra, inter, adapters=1, reduce_rate=100e9,
+                  efficiency=1.0):
+    """A cluster of two :class:`.links.Link`: the busbw each reaches in practice (times
+    ``efficiency``), ``adapters`` between nodes; ``reduce_rate`` (bytes/s) is one rank's
+    summing speed."""
+    params = cost.Params(intra.latency, 1 / (intra.busbw * efficiency), 1 / reduce_rate,
+                         inter.latency, 1 / (inter.busbw * efficiency * adapters))
+    share = f", {efficiency:.0%} of their busbw" if efficiency != 1 else ""
+    return Cluster(ranks_per_node, params,
+                   f"{ranks_per_node} ranks per node on {intra.name}, {adapters} x "
+                   f"{inter.name} between nodes{share}, reduction {reduce_rate / 1e9:g} GB/s")
 
 
-def measured_gradients(layers, compute):
-    """The layers' gradients in the order a measured backward (:mod:`.compute`) had them
-    ready, each at its measured time; a layer that got no gradient, at backward's end."""
-    grads = [Gradient(layer.name, layer.nbytes, compute.ready.get(layer.name, compute.backward_s))
-             for layer in layers]
-    return sorted(grads, key=lambda grad: grad.ready)
+def link_cluster(ranks_per_node, intra, inter, efficiency=1.0, adapters=1,
+                 reduce_rate=100e9):
+    """A cluster from preset names at their nominal line rates (:data:`.links.LINKS`, what a
+    simulated fabric is built from): ``efficiency`` scales both, ``adapters`` multiplies the
+    one between nodes; ``reduce_rate`` (bytes/s) is one rank's summing speed."""
+    for name in (intra, inter):
+        if name not in LINKS:
+            raise UsageError(f"unknown link {name!r}; presets: {', '.join(LINKS)}")
+    (a_in, bw_in), (a_out, bw_out) = LINKS[intra], LINKS[inter]
+    params = cost.Params(a_in, 1 / (bw_in * efficiency), 1 / reduce_rate, a_out,
+                         1 / (bw_out * efficiency * adapters))
+    return Cluster(ranks_per_node, params,
+                   f"{ranks_per_node} ranks per node on {intra}, {adapters} x {inter} between "
+                   f"nodes, {efficiency:.0%} of line rate, reduction {reduce_rate / 1e9:g} GB/s")
+
+
+def computed(layers, batch, samples_per_s, measured=None):
+    """``(forward s, backward s, gradients)`` of one rank's step at ``batch``: ``measured``
+    here (:mod:`.compute`, scaled in proportion to the batch), else one device's
+    ``samples_per_s``, a third forward and two thirds backward, spread by multiply-adds."""
+    if measured is not None:
+        scale = batch / measured.batch
+        return (scale * measured.forward_s, scale * measured.backward_s,
+                measured_gradients(layers, measured, scale))
+    seconds = batch / samples_per_s
+    return seconds / 3, 2 * seconds / 3, gradients(layers, 2 * seconds / 3)
+
+
+def choices(algos, policies, bucket_mbs):
+    """Every ``(algorithm, policy, bucket MB)`` to predict (a bucket size only for ours)."""
+    return [(algo, policy, mb) for algo in algos for policy in policies
+            for mb in (bucket_mbs if policy == "hpctrain" else (None,))]
+
+
+def _row(grads, forward_s, backward_s, p, batch, cluster, choice, fusion_mb, cycle_ms,
+         overheads):
+    algo, policy, mb = choice
+    row = predict(grads, forward_s, backward_s, p, cluster, algo, policy, mb or 25.0,
+                  fusion_mb, cycle_ms, overheads)
+    row["batch"] = batch
+    row["samples_per_s"] = p * batch / row["step_s"]
+    # Against one device computing the same samples: compute over step, weak or strong.
+    row["efficiency"] = row["compute_s"] / row["step_s"]
+    return row
 
 
 def plan(layers, batch, samples_per_s, cluster, largest, algos, policies, bucket_mbs=(25.0,),
-         fusion_mb=64.0, cycle_ms=1.0, compute=None):
-    """Every point of the plan, with samples/s and efficiency (against one rank). The step's
-    compute: ``compute`` measured here (:mod:`.compute`), else one device's ``samples_per_s``
-    at ``batch``, a third forward, two thirds backward, spread by multiply-adds."""
-    if compute is not None:
-        forward_s, backward_s = compute.forward_s, compute.backward_s
-        grads = measured_gradients(layers, compute)
-    else:
-        step = batch / samples_per_s
-        forward_s, backward_s = step / 3, 2 * step / 3
-        grads = gradients(layers, backward_s)
-    step = forward_s + backward_s
+         fusion_mb=64.0, cycle_ms=1.0, compute=None, overheads=None):
+    """Every point of the plan under weak scaling (``batch`` per rank at every p), with
+    samples/s and efficiency (against one rank); the compute as :func:`computed` has it."""
+    forward_s, backward_s, grads = computed(layers, batch, samples_per_s, compute)
+    return [_row(grads, forward_s, backward_s, p, batch, cluster, choice, fusion_mb, cycle_ms,
+                 overheads)
+            for p in rank_counts(largest, cluster.ranks_per_node)
+            for choice in choices(algos, policies, bucket_mbs)]
+
+
+def strong_counts(global_batch, batch):
+    """The rank counts that split ``global_batch`` from ``batch`` per rank down to one,
+    doubling (1024 from 64: 16, 32, ..., 1024), at most :data:`MAX_RANKS`."""
+    if batch < 1 or global_batch < batch or global_batch % batch:
+        raise UsageError(f"--global-batch {global_batch}: give a multiple of --batch {batch}, "
+                         f"e.g. --global-batch {16 * max(batch, 1)} --batch {max(batch, 1)}")
+    counts, p = [], global_batch // batch
+    while p <= min(global_batch, MAX_RANKS):
+        if global_batch % p == 0:
+            counts.append(p)
+        p *= 2
+    return counts
+
+
+def strong(layers, global_batch, batch, samples_per_s, cluster, algos, policies,
+           bucket_mbs=(25.0,), fusion_mb=64.0, cycle_ms=1.0, compute=None, overheads=None):
+    """Strong scaling: ``global_batch`` split over p ranks (:func:`strong_counts`), each
+    computing global_batch / p samples; efficiency against one device computing them all
+    at the same rate per sample."""
     rows = []
-    for p in rank_counts(largest, cluster.ranks_per_node):
-        for algo in algos:
-            for policy in policies:
-                for mb in (bucket_mbs if policy == "hpctrain" else (None,)):
-                    row = plan_point(grads, forward_s, backward_s, p, cluster, algo, policy,
-                                     mb or 25.0, fusion_mb, cycle_ms)
-                    row["samples_per_s"] = p * batch / row["step_s"]
-                    row["efficiency"] = step / row["step_s"]
-                    rows.append(row)
+    for p in strong_counts(global_batch, batch):
+        forward_s, backward_s, grads = computed(layers, global_batch // p, samples_per_s,
+                                                compute)
+        rows += [_row(grads, forward_s, backward_s, p, global_batch // p, cluster, choice,
+                      fusion_mb, cycle_ms, overheads)
+                 for choice in choices(algos, policies, bucket_mbs)]
+    return rows
+
+
+def banded(predict_rows, cluster_at, overheads):
+    """``predict_rows(cluster, overheads)`` at the inputs' values, each row with the
+    efficiency and samples/s its inputs give at their pessimistic (``_low``) and optimistic
+    (``_high``) ends."""
+    rows = predict_rows(cluster_at("point"), overheads)
+    for end in ("low", "high"):
+        for row, other in zip(rows, predict_rows(cluster_at(end), overheads.at(end))):
+            row[f"efficiency_{end}"] = other["efficiency"]
+            row[f"samples_per_s_{end}"] = other["samples_per_s"]
     return rows
 
 
@@ -235,6 +167,21 @@ def best(rows):
         if row["np"] not in chosen or row["samples_per_s"] > chosen[row["np"]]["samples_per_s"]:
             chosen[row["np"]] = row
     return [chosen[p] for p in sorted(chosen)]
+
+
+def rivals(rows, top):
+    """The other choices at ``top``'s rank count whose band reaches ``top``'s: within the
+    noise of the inputs (none without a band)."""
+    if top["np"] == 1:
+        return []                          # nothing to reduce: every choice is the same
+    floor = top.get("efficiency_low", top["efficiency"])
+    return [row for row in rows if row["np"] == top["np"] and row is not top and
+            row.get("efficiency_high", row["efficiency"]) >= floor]
+
+
+def below_half(rows):
+    """The first best row whose efficiency is below 50 % (``None`` if none)."""
+    return next((row for row in best(rows) if row["efficiency"] < 0.5), None)
 
 
 def label(row):
@@ -290,8 +237,28 @@ HOROVOD_PUBLISHED = {"inception_v3": (90, 90), "resnet101": (90, 90), "vgg16": (
 #: One P100's images/s at batch 64 (TensorFlow's benchmarks, DGX-1, synthetic data, 2017).
 P100_IMAGES_PER_S = {"inception_v3": 142.0, "resnet50": 219.0, "resnet152": 91.8,
                      "vgg16": 154.0}
-#: The cluster of that benchmark, one description for every model (docs/studies.md says why).
-HOROVOD_CLUSTER = {"ranks_per_node": 4, "intra": "pcie", "inter": "25gbe", "efficiency": 0.8}
+#: The cluster of that benchmark, one description for every model (docs/studies.md says why):
+#: PCIe 3.0 inside a server, 25 GbE with RDMA between servers, at the presets' busbw.
+HOROVOD_CLUSTER = {"ranks_per_node": 4, "intra": "pcie3", "inter": "25gbe"}
+#: P100: 56 SMs (NVIDIA's P100 whitepaper); NCCL's ring kernel takes one SM per ring, 1 to 4
+#: rings assumed (2 the value): backward keeps the rest while a reduction runs beside it.
+P100_SMS = 56
+#: The inputs of what hidden communication still costs in that benchmark, each with its source.
+HOROVOD_OVERHEADS = Overheads(
+    spread=Figure(0.3 / 139.2, 0.2 / 139.2, 0.4 / 139.2,
+                  "one GPU's jitter in tf_cnn_benchmarks, ResNet-50 batch 64: 0.3 (0.2-0.4) "
+                  "of 139.2 images/s (tensorflow/benchmarks#63, 2017)"),
+    update_s=exact(0.0, "none beyond one GPU's: TensorFlow applies each gradient when it is "
+                        "ready, so one GPU's rate holds the update"),
+    slowdown=Figure(1 + 2 / P100_SMS, 1 + 1 / P100_SMS, 1 + 4 / P100_SMS,
+                    f"NCCL's ring on 2 (1-4, assumed) of the P100's {P100_SMS} SMs"),
+    tensor_s=Figure(10e-6, 7e-6, 33e-6,
+                    "Horovod 0.28.1 measured here, coordinator path (HOROVOD_CACHE_CAPACITY=0, "
+                    "as Horovod negotiated in 2017), 200 tensors at p = 2..4"),
+    rank_s=exact(0.0, "no growth with p resolvable at p = 2..4 on 2 shared cores"))
+#: The terms in the order the benchmark adds them, with the input each switches on.
+TERMS = (("negotiation", ("tensor_s", "rank_s")), ("slowdown", ("slowdown",)),
+         ("tail", ("update_s",)), ("stragglers", ("spread",)))
 
 
 def resnet101_images_per_s():
@@ -313,28 +280,84 @@ def _resnet152():
         return architectures.resnet([3, 8, 36, 3])
 
 
-def horovod_benchmark(fusion_mb=64.0, cycle_ms=1.0):
+def horovod_cluster(end="point"):
+    """The benchmark's cluster with its links' busbw at ``end``."""
+    intra, inter = (links.PRESETS[HOROVOD_CLUSTER[k]].at(end) for k in ("intra", "inter"))
+    return links_cluster(HOROVOD_CLUSTER["ranks_per_node"], intra, inter)
+
+
+def horovod_benchmark(fusion_mb=64.0, cycle_ms=1.0, overheads=HOROVOD_OVERHEADS):
     """Published against predicted efficiency (%), Horovod's ring and fusion, per model and
-    GPU count; every input is a module constant above."""
-    cluster = link_cluster(HOROVOD_CLUSTER["ranks_per_node"], HOROVOD_CLUSTER["intra"],
-                           HOROVOD_CLUSTER["inter"], HOROVOD_CLUSTER["efficiency"])
+    GPU count, term by term: ``stages`` the efficiency with communication alone, then each
+    of :data:`TERMS` added in turn; ``low`` and ``high`` the band of the last."""
     rates = dict(P100_IMAGES_PER_S, resnet101=resnet101_images_per_s())
+    names = [name for _, inputs in TERMS for name in inputs]
     out = []
-    for name, published in HOROVOD_PUBLISHED.items():
-        layers, _ = model_layers(name)
-        rows = plan(layers, 64, rates[name], cluster, 512, ["ring"], ["horovod"],
-                    fusion_mb=fusion_mb, cycle_ms=cycle_ms)
-        at = {r["np"]: r for r in rows}
-        for gpus, figure in zip((128, 512), published):
-            predicted = 100 * at[gpus]["efficiency"]
-            out.append({"model": name, "gpus": gpus, "images_per_s_1gpu": rates[name],
-                        "published": figure, "predicted": predicted,
-                        "difference": predicted - figure,
-                        "exposed_s": at[gpus]["exposed_s"], "step_s": at[gpus]["step_s"]})
-    return out, cluster
+    for model, published in HOROVOD_PUBLISHED.items():
+        layers, _ = model_layers(model)
+
+        def efficiencies(cluster, inputs):
+            rows = plan(layers, 64, rates[model], cluster, 512, ["ring"], ["horovod"],
+                        fusion_mb=fusion_mb, cycle_ms=cycle_ms, overheads=inputs)
+            return {r["np"]: r for r in rows}
+
+        stages, on = [], []
+        for term, inputs in (("communication", ()), *TERMS):
+            on += inputs
+            stages.append((term, efficiencies(horovod_cluster(), overheads.without(
+                *[n for n in names if n not in on]))))
+        final = stages[-1][1]
+        low, high = (efficiencies(horovod_cluster(end), overheads.at(end))
+                     for end in ("low", "high"))
+        for gpus, figure_ in zip((128, 512), published):
+            row = final[gpus]
+            predicted = 100 * row["efficiency"]
+            out.append({"model": model, "gpus": gpus, "images_per_s_1gpu": rates[model],
+                        "published": figure_, "predicted": predicted,
+                        "difference": predicted - figure_,
+                        "low": 100 * low[gpus]["efficiency"],
+                        "high": 100 * high[gpus]["efficiency"],
+                        "stages": {term: 100 * at[gpus]["efficiency"] for term, at in stages},
+                        **{key: row[key] for key in TERM_KEYS}, "step_s": row["step_s"]})
+    return out, horovod_cluster()
 
 
 # ----- the command -------------------------------------------------------------------------------
+
+#: The step's terms as the rows have them, and how the tables head them.
+TERM_KEYS = ("compute_s", "exposed_s", "negotiation_s", "slowdown_s", "tail_s", "straggler_s")
+TERM_HEADS = ("compute", "exposed", "negotiation", "slowdown", "tail", "stragglers")
+
+
+def overheads_of(args, measured=None):
+    """The :class:`.overheads.Overheads` of the options; what ``--measure-compute``
+    measured stands in for a figure not given."""
+    given = {}
+    for option, key, example, minimum in (
+            ("--spread", "spread", "0.02:0.01:0.04", 0.0),
+            ("--slowdown", "slowdown", "1.05:1.0:1.1", 1.0),
+            ("--update-ms", "update_s", "2:1:3", 0.0),
+            ("--negotiation-us", "tensor_s", "10:7:33", 0.0),
+            ("--negotiation-rank-us", "rank_s", "0.3:0:1", 0.0)):
+        text = getattr(args, option[2:].replace("-", "_"))
+        if text is None:
+            continue
+        value = figure(text, option, example, minimum)
+        scale = 1e-3 if option.endswith("-ms") else 1e-6 if option.endswith("-us") else 1.0
+        given[key] = Figure(value.value * scale, value.low * scale, value.high * scale,
+                            f"given ({option})")
+    if measured is not None:
+        if "spread" not in given and measured.spread is not None:
+            given["spread"] = measured.spread
+        if "slowdown" not in given and measured.slowdown is not None:
+            given["slowdown"] = measured.slowdown
+    return Overheads(**given)
+
+
+def links_of(args):
+    """``(intra, inter)`` :class:`.links.Link` of ``--intra`` and ``--inter``."""
+    return links.link(args.intra, "--intra"), links.link(args.inter, "--inter")
+
 
 def run(args):
     """``study plan``: the tables on stdout, and summary.md, plan.json and plots in --out."""
@@ -354,36 +377,68 @@ def run(args):
                          "or --measure-compute")
     shape = _shape(args.input) if args.input else None
     layers, shape = model_layers(args.model, shape)
-    cluster = cluster_of(args)
+    cluster_at = cluster_of(args)
+    overheads_of(args)                     # bad figures are refused before any measuring
     algos = _names(args.algos, cost.modelled(), "--algos")
     policies = _names(args.policies, POLICIES, "--policies")
+    if args.global_batch is not None:
+        strong_counts(args.global_batch, args.batch)
     measured = None
     if measuring:
         from . import compute
 
         build, _ = model_builder(args.model, shape)
-        measured = compute.measure(build(), shape, args.batch, args.measure_steps)
+        measured = compute.measure(build(), shape, args.batch, args.measure_steps,
+                                   beside=True)
         args.samples_per_s = args.batch / (measured.forward_s + measured.backward_s)
-    rows = plan(layers, args.batch, args.samples_per_s, cluster, args.ranks, algos, policies,
-                [float(x) for x in args.bucket_mb.split(",")], args.fusion_mb, args.cycle_ms,
-                measured)
+    overheads = overheads_of(args, measured)
+    uncertain = overheads.uncertain or cluster_at("low") != cluster_at("high")
+    if args.band and not uncertain:
+        raise UsageError("--band needs an uncertainty: give a figure as VALUE:LOW:HIGH, e.g. "
+                         "--spread 0.02:0.01:0.04, or a link preset (its range), e.g. "
+                         "--inter 100gbe")
+    options = ([float(x) for x in args.bucket_mb.split(",")], args.fusion_mb, args.cycle_ms,
+               measured)
+
+    def weak(cluster, inputs):
+        return plan(layers, args.batch, args.samples_per_s, cluster, args.ranks, algos,
+                    policies, *options, overheads=inputs)
+
+    def split(cluster, inputs):
+        return strong(layers, args.global_batch, args.batch, args.samples_per_s, cluster,
+                      algos, policies, *options, overheads=inputs)
+
+    def predict_rows(how):
+        return banded(how, cluster_at, overheads) if args.band else \
+            how(cluster_at("point"), overheads)
+
+    rows = predict_rows(weak)
+    strong_rows = predict_rows(split) if args.global_batch is not None else []
+    cluster = cluster_at("point")
     os.makedirs(args.out, exist_ok=True)
-    text = summary(rows, args, cluster, layers, measured)
+    text = summary(rows, args, cluster, layers, measured, overheads, strong_rows)
     with open(os.path.join(args.out, "summary.md"), "w") as f:
         f.write(text)
+    inputs = {"model": args.model, "input": shape, "batch": args.batch,
+              "samples_per_s": args.samples_per_s, "cluster": cluster.description,
+              "links": _link_figures(args), "params": cluster.params.as_dict(),
+              "overheads": asdict(overheads),
+              "compute": asdict(measured) if measured else None}
     with open(os.path.join(args.out, "plan.json"), "w") as f:
-        json.dump({"model": args.model, "input": shape, "batch": args.batch,
-                   "samples_per_s": args.samples_per_s, "cluster": cluster.description,
-                   "params": cluster.params.as_dict(),
-                   "compute": asdict(measured) if measured else None,
-                   "layers": [asdict(layer) for layer in layers], "rows": rows}, f, indent=1)
-    write_hdf5(os.path.join(args.out, "plan.h5"), rows, layers, {
-        "model": args.model, "batch": args.batch, "samples_per_s": args.samples_per_s,
-        "cluster": cluster.description, "params": cluster.params.as_dict(),
-        "compute": asdict(measured) if measured else None})
+        json.dump({**inputs, "layers": [asdict(layer) for layer in layers], "rows": rows,
+                   "strong": strong_rows}, f, indent=1)
+    write_hdf5(os.path.join(args.out, "plan.h5"), rows, layers,
+               {key: value for key, value in inputs.items()
+                if key in ("model", "batch", "samples_per_s", "cluster", "params")})
     _plots(rows, args.out)
     print(text)
     return 0
+
+
+def _link_figures(args):
+    if args.params:
+        return None
+    return [asdict(link) for link in links_of(args)]
 
 
 def write_hdf5(path, rows, layers, attrs):
@@ -403,22 +458,43 @@ def write_hdf5(path, rows, layers, attrs):
                       {"timeline": timeline, "layers": [asdict(layer) for layer in layers]})
 
 
+def horovod_markdown(rows, cluster, fusion_mb, cycle_ms, overheads=HOROVOD_OVERHEADS):
+    """The benchmark's markdown: inputs with their sources, then published against
+    predicted, term by term, with the band."""
+    intra, inter = (links.PRESETS[HOROVOD_CLUSTER[k]] for k in ("intra", "inter"))
+    terms = ["communication", *(term for term, _ in TERMS)]
+    lines = ["# Horovod's published scaling against the plan", "",
+             f"- cluster: {cluster.description}; Horovod's ring, fusion {fusion_mb:g} MB, "
+             f"cycle {cycle_ms:g} ms; 64 images per GPU",
+             f"- inside a server: {intra.describe()} ({intra.source})",
+             f"- between servers: {inter.describe()} ({inter.source})"]
+    lines += [f"- {head}: {text}" for head, text in _overhead_lines(overheads)]
+    lines += ["", "| model | GPUs | published % | " +
+              " | ".join(f"+ {t}" if i else t for i, t in enumerate(terms)) +
+              " | band % | difference | in band |",
+              "|---|---:|---:|" + "---:|" * len(terms) + "---|---:|---|"]
+    for r in rows:
+        inside = "yes" if r["low"] <= r["published"] <= r["high"] else "no"
+        lines.append(f"| {r['model']} | {r['gpus']} | {r['published']} | " +
+                     " | ".join(f"{r['stages'][t]:.1f}" for t in terms) +
+                     f" | {r['low']:.1f}-{r['high']:.1f} | {r['difference']:+.1f} | {inside} |")
+    signed = sum(r["difference"] for r in rows) / len(rows)
+    lines += ["", f"Mean signed error {signed:+.1f} points; largest "
+              f"{max(abs(r['difference']) for r in rows):.1f}; "
+              f"{sum(r['low'] <= r['published'] <= r['high'] for r in rows)} of {len(rows)} "
+              f"published figures inside their band."]
+    return "\n".join(lines) + "\n"
+
+
 def _run_horovod_benchmark(args):
     rows, cluster = horovod_benchmark(args.fusion_mb, args.cycle_ms)
-    lines = ["# Horovod's published scaling against the plan", "",
-             f"Cluster: {cluster.description}; Horovod's ring, fusion {args.fusion_mb:g} MB, "
-             f"cycle {args.cycle_ms:g} ms; 64 images per GPU.", "",
-             "| model | GPUs | one GPU images/s | published % | predicted % | difference | "
-             "exposed ms | step ms |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    lines += [f"| {r['model']} | {r['gpus']} | {r['images_per_s_1gpu']:.1f} | {r['published']} "
-              f"| {r['predicted']:.1f} | {r['difference']:+.1f} | {1000 * r['exposed_s']:.1f} | "
-              f"{1000 * r['step_s']:.1f} |" for r in rows]
-    text = "\n".join(lines) + "\n"
+    text = horovod_markdown(rows, cluster, args.fusion_mb, args.cycle_ms)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "horovod.md"), "w") as f:
         f.write(text)
     with open(os.path.join(args.out, "horovod.json"), "w") as f:
-        json.dump({"cluster": cluster.description, "rows": rows}, f, indent=1)
+        json.dump({"cluster": cluster.description, "overheads": asdict(HOROVOD_OVERHEADS),
+                   "rows": rows}, f, indent=1)
     print(text)
     return 0
 
@@ -436,17 +512,27 @@ def read_profile(path):
 
 
 def cluster_of(args):
-    """The ``Cluster`` of the options: ``--params`` fitted by a study, else link presets."""
+    """``cluster_at(end)``: the ``Cluster`` of the options with the links' busbw at ``end``
+    (``"point"``, ``"low"``, ``"high"``): ``--params`` fitted by a study (no range), else
+    ``--intra`` and ``--inter``."""
     if args.params:
         try:
             params = cost.params_of(read_profile(args.params))
         except (KeyError, TypeError, AttributeError) as exc:
             raise UsageError(f"--params {args.params}: not a study's params.json ({exc!r})") \
                 from None
-        return Cluster(args.ranks_per_node, params,
-                       f"{args.ranks_per_node} ranks per node, parameters from {args.params}")
-    return link_cluster(args.ranks_per_node, args.intra, args.inter, args.link_efficiency,
-                        args.adapters, args.reduce_rate * 1e9)
+        fitted = Cluster(args.ranks_per_node, params,
+                         f"{args.ranks_per_node} ranks per node, parameters from {args.params}")
+        return lambda end: fitted
+    intra, inter = links_of(args)
+    if not args.link_efficiency > 0:
+        raise UsageError(f"--link-efficiency {args.link_efficiency:g}: give a share above 0, "
+                         f"e.g. --link-efficiency 0.9")
+
+    def at(end):
+        return links_cluster(args.ranks_per_node, intra.at(end), inter.at(end), args.adapters,
+                             args.reduce_rate * 1e9, args.link_efficiency)
+    return at
 
 
 def _names(text, valid, option):
@@ -468,8 +554,56 @@ def _shape(text):
     return shape
 
 
-def summary(rows, args, cluster, layers, measured=None):
-    """The plan's markdown: inputs, the best choice per rank count, then every point."""
+def _overhead_lines(overheads):
+    """``(term, its input and source)`` for every term of what hidden communication costs."""
+    o = overheads
+    return [("stragglers", f"spread of one rank's step {o.spread.describe(' %', 100)} "
+                           f"({o.spread.source}): the slowest of p is E[max] = 2.59 σ later "
+                           f"at p = 128, {expected_max(512):.2f} σ at 512"),
+            ("tail", f"update after the last reduction {o.update_s.describe(' ms', 1e3)} "
+                     f"({o.update_s.source}); the last reduction's own time is in exposed"),
+            ("slowdown", f"backward x {o.slowdown.describe()} while a reduction runs beside "
+                         f"it ({o.slowdown.source})"),
+            ("negotiation", f"{o.tensor_s.describe(' µs', 1e6)} per negotiated tensor "
+                            f"({o.tensor_s.source}) + {o.rank_s.describe(' µs', 1e6)} per "
+                            f"rank ({o.rank_s.source})")]
+
+
+def choice_text(row, rows):
+    """A best row's choice, or it and its rivals "within the noise"."""
+    others = rivals(rows, row)
+    if not others:
+        return label(row)
+    names = [label(row)] + sorted({label(r) for r in others} - {label(row)})
+    shown = " or ".join(names[:3]) + (f" (+{len(names) - 3} more)" if len(names) > 3 else "")
+    return f"{shown}: within the noise"
+
+
+def _efficiency(row):
+    if "efficiency_low" not in row:
+        return f"{row['efficiency']:.3f}"
+    return f"{row['efficiency']:.3f} ({row['efficiency_low']:.3f}-{row['efficiency_high']:.3f})"
+
+
+def _terms_ms(row):
+    return " | ".join(f"{1000 * row[key]:.1f}" for key in TERM_KEYS)
+
+
+def _table(rows, first="p", extra=lambda row: ""):
+    heads = " | ".join(f"{h} ms" for h in TERM_HEADS)
+    lines = [f"| {first} | choice | samples/s | efficiency | step ms | {heads} |",
+             "|---:|---|---:|---:|---:|" + "---:|" * len(TERM_HEADS)]
+    for row in best(rows):
+        lines.append(f"| {row['np']}{extra(row)} | {choice_text(row, rows)} | "
+                     f"{row['samples_per_s']:.0f} | {_efficiency(row)} | "
+                     f"{1000 * row['step_s']:.1f} | {_terms_ms(row)} |")
+    return lines
+
+
+def summary(rows, args, cluster, layers, measured=None, overheads=None, strong_rows=()):
+    """The plan's markdown: inputs (every term's with its source, the link figures used),
+    the best choice per rank count with its terms, strong scaling, then every point."""
+    overheads = overheads or Overheads()
     nbytes = sum(layer.nbytes for layer in layers)
     if measured:
         compute = (f"- batch {args.batch} per rank; compute measured here (median of "
@@ -484,24 +618,28 @@ def summary(rows, args, cluster, layers, measured=None):
              f"- model {args.model}: {len(layers)} layers with parameters, "
              f"{nbytes / 1e6:.1f} MB of float32 gradients, "
              f"{sum(layer.macs for layer in layers) / 1e9:.2f} G multiply-adds per sample",
-             compute,
-             f"- cluster: {cluster.description}", "",
-             "## Best choice at each scale", "",
-             "| p | nodes | choice | samples/s | efficiency | step ms | exposed ms | why |",
-             "|---:|---:|---|---:|---:|---:|---:|---|"]
-    for row in best(rows):
-        why = ("nothing to reduce" if row["np"] == 1 else
-               f"hides all but {1000 * row['exposed_s']:.1f} ms of {1000 * row['comm_s']:.1f} "
-               f"ms of reductions in {row['transfers']} transfer(s)")
-        lines.append(f"| {row['np']} | {row['nodes']} | {label(row)} | "
-                     f"{row['samples_per_s']:.0f} | {row['efficiency']:.2f} | "
-                     f"{1000 * row['step_s']:.1f} | {1000 * row['exposed_s']:.1f} | {why} |")
+             compute, f"- cluster: {cluster.description}"]
+    if not args.params:
+        lines += [f"- link {link.describe()}; {link.source}" for link in links_of(args)]
+    lines += [f"- {term}: {text}" for term, text in _overhead_lines(overheads)]
+    if args.band:
+        lines.append("- efficiency (low-high): the inputs at their pessimistic and optimistic "
+                     "ends; a best choice only where no other's band reaches it")
+    lines += ["", "## Best choice at each scale", "", *_table(rows)]
+    if strong_rows:
+        lines += ["", f"## Strong scaling: a global batch of {args.global_batch}", "",
+                  *_table(strong_rows, extra=lambda r: f" x {r['batch']}")]
+        half = below_half(strong_rows)
+        lines += ["", f"Efficiency falls below 50 % at p = {half['np']} ({half['batch']} per "
+                      f"rank): {_efficiency(half)}." if half else
+                  "Efficiency stays at or above 50 % at every split."]
+    heads = " | ".join(f"{h} ms" for h in TERM_HEADS)
     lines += ["", "## Every point", "",
-              "| p | choice | samples/s | efficiency | step ms | exposed ms | comm ms |",
-              "|---:|---|---:|---:|---:|---:|---:|"]
-    lines += [f"| {r['np']} | {label(r)} | {r['samples_per_s']:.0f} | {r['efficiency']:.2f} | "
-              f"{1000 * r['step_s']:.1f} | {1000 * r['exposed_s']:.1f} | "
-              f"{1000 * r['comm_s']:.1f} |" for r in rows]
+              f"| p | choice | samples/s | efficiency | step ms | {heads} | comm ms |",
+              "|---:|---|---:|---:|---:|" + "---:|" * (len(TERM_HEADS) + 1)]
+    lines += [f"| {r['np']} | {label(r)} | {r['samples_per_s']:.0f} | {_efficiency(r)} | "
+              f"{1000 * r['step_s']:.1f} | {_terms_ms(r)} | {1000 * r['comm_s']:.1f} |"
+              for r in rows]
     return "\n".join(lines) + "\n"
 
 
@@ -511,13 +649,16 @@ def _plots(rows, out):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    choices = sorted({label(r) for r in rows})
+    choices_ = sorted({label(r) for r in rows})
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for choice in choices:
+    for choice in choices_:
         mine = [r for r in rows if label(r) == choice]
         for ax, key in zip(axes, ("efficiency", "samples_per_s")):
             ax.plot([r["np"] for r in mine], [r[key] for r in mine], marker="o", ms=3,
                     label=choice)
+            if f"{key}_low" in mine[0]:
+                ax.fill_between([r["np"] for r in mine], [r[f"{key}_low"] for r in mine],
+                                [r[f"{key}_high"] for r in mine], alpha=0.15)
     for ax, key in zip(axes, ("scaling efficiency", "samples/s (all ranks)")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("ranks p")

@@ -17,7 +17,7 @@ rank) the plan predicts the step from three inputs, none of them taken from that
   (α', β' between nodes where the fit has them), ranks placed ``ranks_per_node`` to a node.
 
 The step is the predicted compute plus the exposed communication of the plan's own schedule
-(:func:`.plan.plan_point`, policy ``hpctrain``); samples/s = p · batch per rank / step, the
+(:func:`.step.predict`, policy ``hpctrain``); samples/s = p · batch per rank / step, the
 measured figure's own definition (every rank's samples, padding included, over the
 slowest rank's time). A point is within the line when |predicted / measured - 1| <= 15 %.
 """
@@ -29,7 +29,7 @@ from ..collectives import cost
 from ..data import HDF5Dataset
 from ..errors import UsageError
 from ..train.config import load_config
-from . import plan
+from . import plan, step
 
 #: The largest relative error of samples/s that counts as a good prediction.
 LINE = 0.15
@@ -80,16 +80,16 @@ def predict_point(row, base, layers, cluster, cores, bucket_mb, overlap=True):
     step1 = base["step_s"]
     compute1 = min(step1, base["compute_s"] * base["measured_epochs"] / base["steps"])
     forward_s, backward_s = scale * compute1 / 3, scale * 2 * compute1 / 3
-    grads = plan.gradients(layers, backward_s)
+    grads = step.gradients(layers, backward_s)
     if not overlap:
         # Without the communication thread every bucket waits for the end of backward.
-        grads = [plan.Gradient(g.name, g.nbytes, backward_s) for g in grads]
-    point = plan.plan_point(grads, forward_s, backward_s, p, cluster, row["algo"], "hpctrain",
-                            bucket_mb)
-    step = scale * step1 + point["exposed_s"]
-    return {"compute_s": scale * step1, "exposed_s": point["exposed_s"], "step_s": step,
+        grads = [step.Gradient(g.name, g.nbytes, backward_s) for g in grads]
+    point = step.predict(grads, forward_s, backward_s, p, cluster, row["algo"], "hpctrain",
+                         bucket_mb)
+    step_s = scale * step1 + point["exposed_s"]
+    return {"compute_s": scale * step1, "exposed_s": point["exposed_s"], "step_s": step_s,
             "comm_s": point["comm_s"], "transfers": point["transfers"],
-            "nodes": point["nodes"], "samples_per_s": p * batch / step}
+            "nodes": point["nodes"], "samples_per_s": p * batch / step_s}
 
 
 def compare(document, layers, cluster, bucket_mb, overlap=True, source=""):
@@ -133,7 +133,7 @@ def run(args):
         if args.ranks_per_node < 1:
             raise UsageError(f"--params {args.params} was fitted on one node: give "
                              f"--ranks-per-node S, the ranks per host of the train run")
-    cluster = plan.cluster_of(args)
+    cluster = plan.cluster_of(args)("point")
     rows, inputs = [], []
     for train_dir in [d for item in args.against for d in item.split(",") if d]:
         document = train_document(train_dir)

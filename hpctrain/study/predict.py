@@ -12,7 +12,7 @@ beats the flat ring.
 import json
 import os
 
-from . import costmodel, plots
+from . import costmodel, links, plots
 from ..collectives import cost
 
 RANKS = tuple(2 ** k for k in range(1, 13))  # 2 .. 4096
@@ -146,14 +146,10 @@ def _per_node(value):
 def _seconds(text):
     from ..errors import UsageError
 
-    raw = text.strip().lower()
-    for unit, scale in (("ns", 1e-9), ("us", 1e-6), ("µs", 1e-6), ("ms", 1e-3), ("s", 1.0)):
-        if raw.endswith(unit):
-            try:
-                return float(raw[: -len(unit)]) * scale
-            except ValueError:
-                break
-    raise UsageError(f"invalid time {text!r}: expected e.g. 1.5us, 800ns or 2ms")
+    try:
+        return links.parse_latency(text)
+    except ValueError:
+        raise UsageError(f"invalid time {text!r}: expected e.g. 1.5us, 800ns or 2ms") from None
 
 
 def _human(size):

@@ -1,0 +1,125 @@
+"""What communication still costs when backward hides it: the inputs of the terms a step at
+p ranks pays besides computing and reducing, each with its stated uncertainty.
+
+- **stragglers**: a synchronous step waits for the slowest of p ranks. With one rank's step
+  spread as a normal law of relative standard deviation ``spread``, the expected slowest of
+  p is ``compute · spread · E[max of p standard normals]`` later than the mean:
+  0.56σ at p = 2, 2.6σ at 128, 3.0σ at 512 (:func:`expected_max`);
+- **tail**: the update of the gradients whose reduction ends after backward (one rank
+  updates each parameter as its gradient is ready, when the framework does so per
+  parameter, as TensorFlow's apply ops do): ``update_s`` is the update of all parameters;
+- **slowdown**: while a reduction runs beside backward, backward runs ``slowdown`` times
+  slower (the reduction takes cores on a CPU, SMs and memory bandwidth on a GPU);
+- **negotiation**: the cost of agreeing on each tensor before its reduction, per tensor and
+  cycle ``tensor_s`` plus ``rank_s`` per rank (a coordinator that gathers every rank's
+  requests, as Horovod's without its cache, grows linearly with p).
+
+Every input is a :class:`Figure`: a value and its low and high.
+"""
+
+import math
+from dataclasses import dataclass, field, fields, replace
+
+import numpy as np
+from scipy import special
+
+from ..errors import UsageError
+
+
+@dataclass(frozen=True)
+class Figure:
+    """An input with its stated uncertainty: ``low`` ≤ ``value`` ≤ ``high``, and where it
+    comes from."""
+
+    value: float
+    low: float
+    high: float
+    source: str = "given"
+
+    @property
+    def uncertain(self):
+        """Whether the figure has a range."""
+        return self.low != self.high
+
+    def at(self, end):
+        """The figure's value at ``end``: ``"low"``, ``"high"`` or ``"point"``."""
+        return {"low": self.low, "high": self.high}.get(end, self.value)
+
+    def describe(self, unit="", scale=1.0):
+        """``value (low-high) unit``."""
+        spread = f" ({self.low * scale:.3g}-{self.high * scale:.3g})" if self.uncertain else ""
+        return f"{self.value * scale:.3g}{spread}{unit}"
+
+
+def exact(value, source="given"):
+    """A :class:`Figure` without uncertainty."""
+    return Figure(value, value, value, source)
+
+
+def figure(text, option, example, minimum=0.0, source="given"):
+    """The :class:`Figure` of ``VALUE`` or ``VALUE:LOW:HIGH``; ``UsageError`` naming
+    ``option`` and ``example`` when it does not parse, is below ``minimum`` or out of order."""
+    try:
+        parts = [float(x) for x in text.split(":")]
+    except ValueError:
+        parts = []
+    if len(parts) == 1:
+        parts *= 3
+    if len(parts) != 3 or not all(math.isfinite(x) for x in parts):
+        raise UsageError(f"{option} {text!r}: give VALUE or VALUE:LOW:HIGH, e.g. "
+                         f"{option} {example}")
+    value, low, high = parts
+    if min(parts) < minimum:
+        raise UsageError(f"{option} {text!r}: must be at least {minimum:g}, e.g. "
+                         f"{option} {example}")
+    if not low <= value <= high:
+        raise UsageError(f"{option} {text!r}: give VALUE:LOW:HIGH with LOW <= VALUE <= "
+                         f"HIGH, e.g. {option} {example}")
+    return Figure(value, low, high, source)
+
+
+@dataclass(frozen=True)
+class Overheads:
+    """The inputs of the four terms (see the module's text); none by default."""
+
+    spread: Figure = field(default_factory=lambda: exact(0.0, "not given"))
+    update_s: Figure = field(default_factory=lambda: exact(0.0, "not given"))
+    slowdown: Figure = field(default_factory=lambda: exact(1.0, "not given"))
+    tensor_s: Figure = field(default_factory=lambda: exact(0.0, "not given"))
+    rank_s: Figure = field(default_factory=lambda: exact(0.0, "not given"))
+
+    @property
+    def uncertain(self):
+        """Whether any input has a range."""
+        return any(getattr(self, f.name).uncertain for f in fields(self))
+
+    def at(self, end):
+        """The inputs at the pessimistic (``"low"`` efficiency) or optimistic end."""
+        # A low efficiency comes from each cost's high figure.
+        flip = {"low": "high", "high": "low"}.get(end, end)
+        return replace(self, **{f.name: exact(getattr(self, f.name).at(flip))
+                                for f in fields(self)})
+
+    def without(self, *names):
+        """These inputs, the terms ``names`` switched off."""
+        off = {"spread": 0.0, "update_s": 0.0, "slowdown": 1.0, "tensor_s": 0.0,
+               "rank_s": 0.0}
+        return replace(self, **{name: exact(off[name], "off") for name in names})
+
+    def negotiation_s(self, tensors, p):
+        """Seconds to agree on ``tensors`` tensors among ``p`` ranks (0 at one rank)."""
+        if p < 2:
+            return 0.0
+        return tensors * (self.tensor_s.value + self.rank_s.value * p)
+
+
+def expected_max(p):
+    """E[max of ``p`` independent standard normals]: 0 at p = 1, 1/√π at 2, ~3.04 at 512.
+
+    ``∫ x · p φ(x) Φ(x)^(p-1) dx``, on a grid fine enough for four digits."""
+    if p <= 1:
+        return 0.0
+    x = np.linspace(-8.0, 10.0, 20001)
+    phi = np.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+    density = p * phi * special.ndtr(x) ** (p - 1)
+    return float(np.sum(x * density) * (x[1] - x[0]))

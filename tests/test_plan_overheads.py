@@ -1,0 +1,162 @@
+"""What hidden communication still costs, on cases worked out by hand; link presets and
+RATE[,LATENCY]; the band; strong scaling; bad input."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hpctrain.collectives import cost
+from hpctrain.errors import UsageError
+from hpctrain.study import links, overheads, plan, step
+from hpctrain.study.overheads import Figure, Overheads, exact
+
+
+@pytest.mark.parametrize("p, expected", [(1, 0.0), (2, 0.5642), (4, 1.0294), (128, 2.5946),
+                                         (512, 3.0439)])
+def test_the_slowest_of_p_normals(p, expected):
+    assert overheads.expected_max(p) == pytest.approx(expected, abs=2e-4)
+
+
+# One rank: 1 s forward, 2 s backward; one 1-byte gradient ready at 1 s into backward; the
+# channel takes 1 s per byte: the reduction runs from 1 s to 2 s, all of it beside backward.
+CLUSTER = step.Cluster(1, cost.Params(0.0, 1.0, 0.0), "test")
+GRADS = [step.Gradient("a", 4, 1.0)]
+
+
+def seconds_per_byte(p):
+    return cost.predict("ring", 4, p, CLUSTER.params, p, ranks_per_node=1)
+
+
+def test_without_inputs_the_step_is_compute_and_exposed_communication():
+    row = step.predict(GRADS, 1.0, 2.0, 2, CLUSTER, "ring", "hpctrain")
+    assert row["compute_s"] == 3.0 and row["exposed_s"] == pytest.approx(
+        max(0.0, 1.0 + seconds_per_byte(2) - 2.0))
+    assert row["negotiation_s"] == row["slowdown_s"] == row["tail_s"] == 0
+    assert row["straggler_s"] == 0 and row["step_s"] == pytest.approx(3.0 + row["exposed_s"])
+
+
+def test_each_term_adds_what_its_input_says():
+    ring = seconds_per_byte(4)                       # 4 bytes over 4 ranks: 6 s (2*3/4*4)
+    inputs = Overheads(spread=exact(0.1), slowdown=exact(1.5), update_s=exact(0.4),
+                       tensor_s=exact(0.25), rank_s=exact(0.0))
+    row = step.predict(GRADS, 1.0, 2.0, 4, CLUSTER, "ring", "hpctrain", overheads=inputs)
+    # One bucket, negotiated once (0.25 s): it runs 1 .. 1 + 0.25 + ring, past backward.
+    assert row["exposed_s"] == pytest.approx(1.0 + ring - 2.0)
+    assert row["negotiation_s"] == pytest.approx(0.25)
+    assert row["slowdown_s"] == pytest.approx(0.5 * 1.0)        # busy 1 s of backward
+    assert row["tail_s"] == pytest.approx(0.4)                  # its bytes came late
+    assert row["straggler_s"] == pytest.approx(0.1 * 3.0 * overheads.expected_max(4))
+    assert row["step_s"] == pytest.approx(3.0 + sum(
+        row[k] for k in ("exposed_s", "negotiation_s", "slowdown_s", "tail_s", "straggler_s")))
+    # DDP negotiates nothing; Horovod every tensor, per rank too.
+    ddp = step.predict(GRADS, 1.0, 2.0, 4, CLUSTER, "ring", "ddp", overheads=inputs)
+    assert ddp["negotiation_s"] == 0
+    per_rank = Overheads(rank_s=exact(0.1))
+    hvd = step.predict(GRADS, 1.0, 2.0, 4, CLUSTER, "ring", "horovod", cycle_ms=0,
+                       overheads=per_rank)
+    assert hvd["negotiation_s"] == pytest.approx(0.4)
+
+
+def test_figures_have_ends_and_the_pessimistic_end_takes_each_cost_high():
+    inputs = Overheads(spread=Figure(0.02, 0.01, 0.04), slowdown=Figure(1.1, 1.0, 1.2))
+    assert inputs.uncertain and not Overheads().uncertain
+    low = inputs.at("low")
+    assert (low.spread.value, low.slowdown.value) == (0.04, 1.2)
+    assert inputs.at("high").spread.value == 0.01
+    assert overheads.figure("0.02:0.01:0.04", "--spread", "x") == Figure(0.02, 0.01, 0.04)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("-0.1", "--spread '-0.1': must be at least 0, e.g. --spread 0.02:0.01:0.04"),
+    ("a", "--spread 'a': give VALUE or VALUE:LOW:HIGH, e.g. --spread 0.02:0.01:0.04"),
+    ("0.02:0.03:0.04", "LOW <= VALUE <= HIGH"),
+])
+def test_a_bad_figure_names_the_option_and_a_valid_example(text, message):
+    with pytest.raises(UsageError, match=message):
+        overheads.figure(text, "--spread", "0.02:0.01:0.04")
+
+
+def test_links_by_generation_and_as_rate_and_latency():
+    assert links.link("nvlink-h100", "--intra").busbw == 370e9
+    assert links.link("nvlink", "--intra").name == "nvlink-v100"
+    given = links.link("50gbit,5us", "--inter")
+    assert (given.busbw, given.low, given.high) == (6.25e9, 6.25e9, 6.25e9)
+    assert given.latency == pytest.approx(5e-6)
+    assert links.link("42GB/s", "--inter").latency == links.DEFAULT_LATENCY
+    for preset in links.PRESETS.values():       # every preset states its figures' source
+        # (NVLink SHARP reduces in the switch: its busbw may pass the line rate, the ring's not.)
+        assert preset.low <= preset.busbw <= min(preset.high, preset.line) and preset.source
+    for bad in ("50gbit,5", "fast", "50gbit,-1us"):
+        with pytest.raises(UsageError, match="--inter .*e.g. --inter 50gbit,5us"):
+            links.link(bad, "--inter")
+
+
+def test_strong_scaling_splits_the_global_batch_down_to_one_per_rank():
+    assert plan.strong_counts(1024, 64) == [16, 32, 64, 128, 256, 512, 1024]
+    layers = [step_layer()]
+    cluster = plan.links_cluster(1, links.PRESETS["pcie3"], links.PRESETS["25gbe"])
+    rows = plan.strong(layers, 1024, 64, 200.0, cluster, ["ring"], ["hpctrain"])
+    assert [(r["np"], r["batch"]) for r in rows][0] == (16, 64)
+    assert rows[-1]["batch"] == 1 and rows[-1]["compute_s"] == pytest.approx(1 / 200)
+    assert rows[-1]["efficiency"] < rows[0]["efficiency"]
+    assert plan.below_half(rows) is not None
+
+
+def step_layer():
+    from hpctrain.study.architectures import Layer
+
+    return Layer("a", 100 << 20, 1.0)
+
+
+def test_the_band_holds_the_point_and_rivals_within_it_are_named():
+    layers = [step_layer()]
+    ends = {end: plan.links_cluster(1, links.PRESETS["25gbe"].at(end),
+                                    links.PRESETS["25gbe"].at(end)) for end in
+            ("point", "low", "high")}
+    rows = plan.banded(lambda cluster, inputs: plan.plan(
+        layers, 64, 200.0, cluster, 8, ["ring", "hierarchical"], ["hpctrain"],
+        overheads=inputs), ends.get, Overheads(spread=Figure(0.01, 0.0, 0.02)))
+    for row in rows:
+        assert row["efficiency_low"] <= row["efficiency"] <= row["efficiency_high"]
+    top = plan.best(rows)[-1]
+    # One node per rank: ring and hierarchical are the same allreduce, within the noise.
+    assert "within the noise" in plan.choice_text(top, rows)
+
+
+def _plan(tmp_path, *args):
+    return subprocess.run([sys.executable, "-m", "hpctrain", "study", "plan", "--model",
+                           "resnet50", "--samples-per-s", "219", "--ranks", "16",
+                           "--ranks-per-node", "4", "--algos", "ring", "--policies", "horovod",
+                           "--out", str(tmp_path), *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_the_command_prints_every_term_the_links_and_the_band(tmp_path):
+    done = _plan(tmp_path, "--intra", "pcie3", "--inter", "25gbit,10us", "--spread",
+                 "0.01:0.005:0.02", "--slowdown", "1.04", "--negotiation-us", "10:7:33",
+                 "--band", "--global-batch", "1024")
+    assert done.returncode == 0, done.stderr
+    assert "link pcie3: busbw 12 GB/s (10-12) of 15.8 line" in done.stdout
+    assert "link 25gbit,10us: busbw 3.12 GB/s of 3.12 line, 10 µs" in done.stdout
+    assert "- stragglers: spread of one rank's step 1 (0.5-2) %" in done.stdout
+    assert "- negotiation: 10 (7-33) µs per negotiated tensor" in done.stdout
+    assert "## Strong scaling: a global batch of 1024" in done.stdout
+    assert "| 16 x 64 |" in done.stdout
+    document = json.loads((tmp_path / "plan.json").read_text())
+    assert all(r["efficiency_low"] <= r["efficiency"] <= r["efficiency_high"]
+               for r in document["rows"] + document["strong"])
+    assert document["links"][1]["busbw"] == 25e9 / 8
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--inter", "25gbit,fast"), "--inter '25gbit,fast': give a preset"),
+    (("--spread", "-0.01"), "--spread '-0.01': must be at least 0"),
+    (("--intra", "12GB/s", "--inter", "25gbit", "--band"), "--band needs an uncertainty"),
+    (("--global-batch", "100"), "--global-batch 100: give a multiple of --batch 64"),
+])
+def test_bad_input_exits_2_naming_the_option_and_a_valid_example(tmp_path, args, message):
+    done = _plan(tmp_path, *args)
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert "e.g." in done.stderr
