@@ -41,3 +41,8 @@ class Verdict(UsageError):
             else:
                 which = ", ".join(map(str, ranks))
                 yield f"{message} (rank{'s' if len(ranks) > 1 else ''} {which} of {self.size})"
+
+
+class ArgumentError(UsageError, ValueError):
+    """A bad argument to an API whose callers expect ``ValueError`` (Horovod's raises it):
+    caught as one, and reported like any :class:`UsageError` when nobody catches it."""

@@ -144,6 +144,14 @@ def guard():
 
 def _ending_hook(kind, exc, tb):
     alone = not mpi_initialized() or sys.modules["mpi4py.MPI"].COMM_WORLD.Get_size() == 1
+    if alone and isinstance(exc, UsageError):
+        # Bad input: its message, and status 2 as under python -m hpctrain. A hook cannot
+        # set the status by SystemExit, so MPI (if started) is finalised and the process
+        # ends here.
+        _report(f"error: {exc}\n")
+        if mpi_initialized():
+            sys.modules["mpi4py.MPI"].Finalize()
+        os._exit(exc.exit_code)
     if alone:
         _ending_hook.previous(kind, exc, tb)
     elif isinstance(exc, Verdict):

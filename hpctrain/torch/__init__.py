@@ -79,9 +79,14 @@ DistributedOptimizer = _public(_optimizer.DistributedOptimizer)
 
 def __getattr__(name):
     from .sync_batch_norm import SyncBatchNorm
+    # Loaded on first use, as Horovod's scripts reach it (``hvd.mpi_ops``).
 
     if name == "SyncBatchNorm":
         return SyncBatchNorm
+    if name == "mpi_ops":
+        import importlib
+
+        return importlib.import_module(".mpi_ops", __name__)
     raise AttributeError(f"module 'hpctrain.torch' has no attribute {name!r}")
 
 

@@ -24,8 +24,10 @@ import threading
 
 from .engine import Engine
 from .process_sets import global_process_set
+from .settings import Settings
 from ..collectives.algorithm import DEFAULT_ALLREDUCE, ENV_ALLREDUCE
 from ..devices import node_rank_and_size
+from ..errors import ArgumentError
 
 
 _STATE = {}
@@ -37,9 +39,10 @@ class World:
     """What ``init`` sets up: the communicators, the ranks, the algorithm, the process sets
     and the engine (or the Horovod module every call is handed to)."""
 
-    def __init__(self, comm, algo, joined_allreduce):
+    def __init__(self, comm, algo, joined_allreduce, settings=None):
         # joined_allreduce(world) -> the engine's handler for a joined rank's allreduce; given
         # by init, which sits above the operations (this module sits below them).
+        self.settings = Settings() if settings is None else settings
         self.user_comm = comm
         self.comm = comm.Dup()              # the engine's negotiations
         self.data_comm = comm.Dup()         # the global set's collectives
@@ -55,6 +58,7 @@ class World:
         self._generation = 0                # joins completed (see renumber)
         self._next_set = 1
         global_process_set._register(0, list(range(self.size)), self.data_comm, self.rank)
+        global_process_set.mpi_comm = comm
         self.sets = {0: global_process_set}
         self._engine = None
         self._engine_lock = threading.Lock()
@@ -80,7 +84,7 @@ class World:
             if self._engine is None:
                 self._engine = Engine(self.comm, self.sets,
                                       {"allreduce": self._joined_allreduce(self)},
-                                      revoke=self.revoke)
+                                      revoke=self.revoke, settings=self.settings)
         return self._engine
 
     def next_name(self, set_id, prefix="noname"):
@@ -114,12 +118,16 @@ class World:
         if pset.ranks is not None:
             bad = [r for r in pset.ranks if not 0 <= r < self.size]
             if bad or not pset.ranks:
-                raise ValueError(f"a process set needs ranks from 0 to {self.size - 1}, got "
-                                 f"{pset.ranks}")
+                raise ArgumentError(f"a process set needs ranks from 0 to {self.size - 1}, "
+                                    f"got {pset.ranks}: e.g. hvd.ProcessSet([0, 1])")
             return pset.ranks
         group = pset.mpi_comm.Get_group()
         ranks = group.Translate_ranks(list(range(group.Get_size())),
                                       self.user_comm.Get_group())
+        if any(r < 0 for r in ranks):
+            raise ArgumentError(f"a process set's communicator has {group.Get_size()} ranks, "
+                                f"some outside the world of hvd.init: make it from that "
+                                f"world (e.g. COMM_WORLD.Split(color))")
         return sorted(ranks)
 
     def register_set(self, pset, ranks):
@@ -182,8 +190,9 @@ class World:
             self.comm.Free()
 
 
-def choose_algorithm(allreduce):
-    """The algorithm name to use: the argument, ``$HPCTRAIN_ALLREDUCE`` or ``ring``.
+def choose_algorithm(allreduce, hierarchical=False):
+    """The algorithm name to use: the argument, ``$HPCTRAIN_ALLREDUCE``, ``hierarchical``
+    if ``hierarchical`` (Horovod's ``HOROVOD_HIERARCHICAL_ALLREDUCE=1``), else ``ring``.
 
     Raises ``ValueError`` naming the valid choices for an unknown name (the same on every
     rank: every rank reads the same argument or environment).
@@ -194,7 +203,7 @@ def choose_algorithm(allreduce):
     if allreduce is None:
         allreduce, source = os.environ.get(ENV_ALLREDUCE) or None, f"{ENV_ALLREDUCE}="
     if allreduce is None:
-        return DEFAULT_ALLREDUCE
+        return "hierarchical" if hierarchical else DEFAULT_ALLREDUCE
     # "auto" picks one of the others per message size (collectives.auto.use gives it a profile).
     names = collectives.available() + ["auto"]
     if allreduce not in names:

@@ -57,7 +57,6 @@ The parts, and which thread may touch what:
   caller's ``set_timeline`` is queued like a request and waited for.
 """
 
-import os
 import pickle
 import queue
 import sys
@@ -68,13 +67,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-#: Seconds between negotiations (``HPCTRAIN_CYCLE_TIME_MS``); see :meth:`Engine._take`.
-CYCLE_S = float(os.environ.get("HPCTRAIN_CYCLE_TIME_MS", "1")) / 1000
+from .settings import Settings
+
 #: Seconds between polls of a negotiation that other ranks have not joined yet.
 POLL_S = 0.0001
-#: Seconds every rank must have been blocked on operations no other rank asked for before
-#: they all fail as a deadlock (``HPCTRAIN_DEADLOCK_S``).
-DEADLOCK_S = float(os.environ.get("HPCTRAIN_DEADLOCK_S", "2"))
 #: Tests of a negotiation before the thread starts sleeping between them.
 SPINS = 200
 #: The queue of requests from the callers' threads to the communication thread. Not
@@ -83,11 +79,6 @@ SPINS = 200
 #: negative, which means "no timeout"), and the engine waits with timeouts of a cycle or
 #: less on a machine where ranks outnumber cores. ``queue.Queue`` checks for that.
 Inbox = queue.Queue
-#: Operations the cache numbers at most (announced by a bit each: 64 per int64 word).
-CACHE_SIZE = 1024
-#: Seconds an operation may wait for other ranks before rank 0 names the missing ones
-#: (``HPCTRAIN_STALL_CHECK_S``; 0 turns the warning off), as Horovod's stall inspector.
-STALL_S = float(os.environ.get("HPCTRAIN_STALL_CHECK_S", "60"))
 
 
 class HorovodInternalError(RuntimeError):
@@ -198,11 +189,12 @@ def _label(name, signature):
 class _Entry:
     """One operation in the table: which ranks asked, with what."""
 
-    __slots__ = ("signatures", "infos", "describes", "since", "repeats")
+    __slots__ = ("signatures", "infos", "describes", "since", "first", "repeats")
 
-    def __init__(self):
+    def __init__(self, first):
         self.signatures, self.infos, self.describes = {}, {}, {}
         self.since = time.monotonic()
+        self.first = first      # rank 0's clock at the negotiation that first saw it
         self.repeats = True     # every rank that asked said it repeats, or came from the cache
 
 
@@ -334,7 +326,8 @@ class ResponseCache:
     """Operations asked for again and again, numbered alike on every rank (see the module
     docstring). Communication thread only: filled and read from what every rank gathered."""
 
-    def __init__(self):
+    def __init__(self, capacity):
+        self.capacity = capacity        # operations it numbers at most (0: none)
         self._entries = {}              # key -> (number, signature, describes by rank)
         self.numbered = []              # the keys by number
 
@@ -362,7 +355,7 @@ class ResponseCache:
         """Number an operation that is about to run and will repeat (the same decision on
         every rank: it rests only on what every rank gathered)."""
         if not entry.repeats or joined or key in self._entries or \
-                len(self.numbered) >= CACHE_SIZE:
+                len(self.numbered) >= self.capacity:
             return
         self._entries[key] = (len(self.numbered), signature, dict(entry.describes))
         self.numbered.append(key)
@@ -404,14 +397,21 @@ class Joins:
 
 
 class StallInspector:
-    """Operations some ranks never ask for: rank 0 warns once an operation has waited
-    ``STALL_S`` (as Horovod's stall inspector), and every rank fails everything in flight
-    once every rank has been blocked with nothing moving for ``DEADLOCK_S`` — decided alike
-    on every rank, from the same table, flags and clock (rank 0's, sent in every
-    negotiation). Communication thread only."""
+    """Operations some ranks never ask for, timed by the :class:`~.settings.Settings`:
 
-    def __init__(self, rank):
+    - rank 0 warns once an operation has waited ``stall_check_s`` (as Horovod's stall
+      inspector);
+    - every rank shuts the engine down once an operation has waited ``stall_shutdown_s``
+      (Horovod's ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``; 0: never);
+    - every rank fails everything in flight once every rank has been blocked with nothing
+      moving for ``deadlock_s``.
+
+    The last two are decided alike on every rank, from the same table, flags and clock
+    (rank 0's, sent in every negotiation). Communication thread only."""
+
+    def __init__(self, rank, settings):
         self.rank = rank
+        self.settings = settings
         self.blocked = []               # per rank, from the last negotiation
         self.clock = 0.0                # rank 0's clock at the last negotiation (seconds)
         self._warned = set()
@@ -426,13 +426,14 @@ class StallInspector:
         self._warned.discard(key)
 
     def warn(self, table, missing):
-        """Rank 0: name, once, the ranks an operation has waited ``STALL_S`` for
+        """Rank 0: name, once, the ranks an operation has waited ``stall_check_s`` for
         (``missing(key, entry)``)."""
-        if not STALL_S or self.rank != 0 or not table:
+        limit = self.settings.stall_check_s
+        if not limit or self.rank != 0 or not table:
             return
         now = time.monotonic()
         for key, entry in table.items():
-            if key in self._warned or now - entry.since < STALL_S:
+            if key in self._warned or now - entry.since < limit:
                 continue
             self._warned.add(key)
             print(f"[hpctrain] warning: {key[1]!r} has waited {now - entry.since:.0f} s for "
@@ -440,16 +441,30 @@ class StallInspector:
                   f"rank that skips a collective, or issues it under another name, stalls "
                   f"the others", flush=True)
 
+    def shutdown(self, table, missing):
+        """The reason to shut down on every rank, or ``None``: an operation has waited
+        ``stall_shutdown_s`` (rank 0's clock, from the negotiation that first saw it) for
+        ranks that have not asked for it."""
+        limit = self.settings.stall_shutdown_s
+        if not limit:
+            return None
+        for key, entry in table.items():
+            if self.clock - entry.first >= limit:
+                return (f"{key[1]!r} waited {limit:g} s for rank(s) "
+                        f"{_ranks(missing(key, entry))}, which never asked for it "
+                        f"(HOROVOD_STALL_SHUTDOWN_TIME_SECONDS={limit:g})")
+        return None
+
     def deadlock(self, table, moved, missing):
         """The reason to fail everything in flight, or ``None``: every rank blocked for
-        ``DEADLOCK_S`` on operations that no other rank asked for, with nothing asked or
+        ``deadlock_s`` on operations that no other rank asked for, with nothing asked or
         run meanwhile (ranks that issued different names, say)."""
         if moved or not table or not all(self.blocked):
             self._quiet_since = None
             return None
         if self._quiet_since is None:
             self._quiet_since = self.clock
-        if self.clock - self._quiet_since < DEADLOCK_S:
+        if self.clock - self._quiet_since < self.settings.deadlock_s:
             return None
         self._quiet_since = None
         waits = [f"{key[1]!r} asked for by rank(s) {_ranks(entry.signatures)}, never by "
@@ -468,17 +483,18 @@ class Engine:
     :meth:`close`; every attribute is the communication thread's.
     """
 
-    def __init__(self, comm, sets, joined_runs, revoke=None):
+    def __init__(self, comm, sets, joined_runs, revoke=None, settings=None):
         self.comm, self.rank, self.size = comm, comm.Get_rank(), comm.Get_size()
+        self.settings = Settings() if settings is None else settings
         self.sets = sets
         self.joined_runs = joined_runs      # kind -> run(comm, signature) for a joined rank
         self.revoke = revoke                # revoke() every communicator, after a death
         self.timeline = None                # swapped by set_timeline, on this thread
         self._waiters = Waiters()
         self.pending = Pending(self._waiters)
-        self.cache = ResponseCache()
+        self.cache = ResponseCache(self.settings.cache_capacity)
         self.joins = Joins()
-        self.stalls = StallInspector(self.rank)
+        self.stalls = StallInspector(self.rank, self.settings)
         self._table = OrderedDict()     # key -> _Entry, the same on every rank
         self._started = 0.0             # when the last negotiation began (monotonic)
         self._stop = threading.Event()
@@ -541,8 +557,11 @@ class Engine:
                 gathered = self._exchange(mine, bits)
                 if gathered is None:
                     return              # stopped while waiting for the others
-                if self.timeline is not None and (mine or bits or self._table):
-                    self.timeline.mark_cycle()
+                if self.timeline is not None:
+                    if mine or bits or self._table:
+                        self.timeline.mark_cycle()
+                    else:
+                        self.timeline.flush()   # idle: what was recorded is in the file
                 if self._merge(gathered):
                     reason = ("Horovod has been shut down. This was caused by an exception on "
                               "one of the ranks or an attempt to run a collective after one "
@@ -550,6 +569,10 @@ class Engine:
                     break
                 ran = self._run_ready()
                 self.stalls.warn(self._table, self._missing)
+                stalled = self.stalls.shutdown(self._table, self._missing)
+                if stalled is not None:
+                    reason = f"Horovod has been shut down: {stalled}"
+                    break
                 # Whether anything was asked or ran is known alike on every rank.
                 why = self.stalls.deadlock(self._table, ran or any(gathered), self._missing)
                 if why is not None:
@@ -562,6 +585,7 @@ class Engine:
             self.pending.failure, reason = ProcessFailure, self._lost(exc)
         finally:
             self._end(reason)
+            self._swap_timeline(None)   # the file is complete once the engine has ended
 
     def _lost(self, exc):
         """After MPI reported a death: revoke the world's communicators, and say who died."""
@@ -581,8 +605,9 @@ class Engine:
         """This rank's requests for the next negotiation: ``(messages, numbers)``.
 
         While operations wait in the table (or a rank has joined), negotiations keep
-        Horovod's rhythm: one per cycle (``HPCTRAIN_CYCLE_TIME_MS``, 1 ms as Horovod's
-        ``HOROVOD_CYCLE_TIME``), gathering whatever is queued meanwhile into one exchange.
+        Horovod's rhythm: one per cycle (``Settings.cycle_s``: ``HPCTRAIN_CYCLE_TIME_MS`` or
+        ``HOROVOD_CYCLE_TIME``, 1 ms by default, as Horovod's), gathering whatever is queued
+        meanwhile into one exchange.
         When nothing is in flight, this rank's first request starts a negotiation at once,
         so a lone synchronous call does not wait for a cycle; an idle thread still takes
         part in one negotiation per cycle, since another rank may have asked for something.
@@ -591,12 +616,12 @@ class Engine:
         try:
             if self._table or self.joins:
                 while True:
-                    remaining = self._started + CYCLE_S - time.monotonic()
+                    remaining = self._started + self.settings.cycle_s - time.monotonic()
                     if remaining <= 0:
                         break
                     items.append(self.pending.take(remaining))
             else:
-                items.append(self.pending.take(CYCLE_S))
+                items.append(self.pending.take(self.settings.cycle_s))
             while True:
                 items.append(self.pending.take(None))
         except queue.Empty:
@@ -693,7 +718,7 @@ class Engine:
     def _add(self, key, rank, signature, info, describe, repeats):
         entry = self._table.get(key)
         if entry is None:
-            entry = self._table[key] = _Entry()
+            entry = self._table[key] = _Entry(self.stalls.clock)
         entry.signatures[rank] = signature
         entry.infos[rank] = info
         entry.describes[rank] = describe

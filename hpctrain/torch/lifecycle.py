@@ -3,51 +3,116 @@
 joined rank's allreduce, the process sets given to ``init``, Horovod under ``horovod``.
 ``shutdown`` and the queries stay in :mod:`.basics`."""
 
+import logging
+
+from . import basics
 from .basics import World, adopt, choose_algorithm, is_initialized
 from .horovod_backend import HorovodBackend
 from .ops.allreduce import joined_allreduce
-from .ops.control import add_process_set
+from .ops.control import register_process_sets, start_timeline
 from .process_sets import ProcessSet
+from .settings import ignored_message
+from .settings import read as read_settings
+from .. import mpi_support
 from ..collectives import auto
+from ..errors import ArgumentError
 from ..runtime import guard
+
+LOG = logging.getLogger(__name__)
 
 
 def init(comm=None, process_sets=None, allreduce=None):
-    """Start hpctrain.torch over ``comm`` (an mpi4py communicator, default ``COMM_WORLD``).
+    """Start hpctrain.torch over ``comm``: an mpi4py communicator (default ``COMM_WORLD``)
+    or a list of ``COMM_WORLD`` ranks (a rank outside the list gets ``ValueError``).
 
-    Synchronisation point: collective over ``comm``. A second call does nothing (as in
-    Horovod). ``process_sets``: :class:`ProcessSet` objects to register now, in order (the
-    same on every rank), or ``"dynamic"`` (sets may be added later either way).
-    ``allreduce`` picks the algorithm; see :mod:`hpctrain.torch.basics`.
+    Synchronisation point: collective over ``comm``. MPI is started here if the script set
+    ``mpi4py.rc.initialize = False`` (:func:`hpctrain.mpi_support.start`). ``process_sets``:
+    :class:`ProcessSet` objects to register now (of ranks, or of the communicator each rank
+    is in), or ``"dynamic"`` (sets may be added later either way). As in Horovod, a list
+    that names one set twice raises ``ValueError`` on that rank with hpctrain initialized all
+    the same; a second call registers nothing, only matches its list to the sets there are.
+    ``allreduce`` picks the algorithm; see :mod:`hpctrain.torch.basics`. Horovod's
+    ``HOROVOD_*`` variables are read here (:mod:`hpctrain.torch.settings`).
 
     It also installs the guard of ``python -m hpctrain`` (:func:`hpctrain.runtime.guard`): an
     exception that no code catches, on any rank, prints that rank's traceback and ends every
     rank (``MPI_Abort``), where Horovod would leave the others waiting in their next
     collective. ``HPCTRAIN_ABORT_ON_ERROR=0`` leaves ``sys.excepthook`` as it was.
     """
+    sets = _set_list(process_sets)
     if is_initialized():
+        _match_sets(basics.world(), sets)
         return
     guard()
-    algo = choose_algorithm(allreduce)
-    from mpi4py import MPI
-
-    if isinstance(comm, (list, tuple)):
-        raise NotImplementedError("init(comm=[ranks]) (a subset of ranks) is not supported: "
-                                  "pass an mpi4py communicator made with Comm.Split, or use "
-                                  "process sets (init(process_sets=[hvd.ProcessSet(ranks)]))")
-    sets = [] if process_sets in (None, "dynamic") else list(process_sets)
-    if not all(isinstance(s, ProcessSet) for s in sets):
-        raise ValueError(f"init(process_sets=...) takes a list of hvd.ProcessSet, got "
-                         f"{process_sets!r}")
-    comm = MPI.COMM_WORLD if comm is None else comm
+    settings = read_settings()      # a bad value stops every rank alike, before MPI starts
+    algo = choose_algorithm(allreduce, settings.hierarchical)
+    MPI, thread_warning = mpi_support.start()
+    comm = _communicator(MPI, comm)
     if algo == "auto":
         if not auto.in_use():
             # Collective: rank 0 reads the file, and a missing one is the same error on every
             # rank, before any operation could leave a rank waiting.
             auto.use(auto.load(auto.profile_path(), comm))
-    world = World(comm, algo, joined_allreduce)
+    world = World(comm, algo, joined_allreduce, settings)
     adopt(world)
+    if settings.log_level is not None:
+        logging.getLogger("hpctrain").setLevel(settings.log_level)
     if algo == "horovod":
         world.hvd = HorovodBackend(world)
-    for pset in sets:
-        add_process_set(pset)
+        return                      # Horovod reads its own variables
+    if world.rank == 0:
+        for warning in (thread_warning, ignored_message(settings)):
+            if warning:
+                LOG.warning(warning)
+    if settings.timeline and settings.timeline != "DYNAMIC":
+        start_timeline(settings.timeline, settings.mark_cycles)
+    if sets:
+        register_process_sets(world, sets)
+
+
+def _set_list(process_sets):
+    sets = [] if process_sets is None or process_sets == "dynamic" else list(process_sets)
+    if not all(isinstance(s, ProcessSet) for s in sets):
+        raise ArgumentError(f"init(process_sets=...) takes a list of hvd.ProcessSet or "
+                            f"'dynamic', got {process_sets!r}")
+    return sets
+
+
+def _communicator(MPI, comm):  # noqa: N803 - the module's own name
+    """The communicator ``init`` runs over: ``comm``, or the group of ``COMM_WORLD`` ranks it
+    lists (made by its members alone, so that the others are never waited for)."""
+    if comm is None:
+        return MPI.COMM_WORLD
+    if isinstance(comm, MPI.Comm):
+        return comm
+    world = MPI.COMM_WORLD
+    try:
+        ranks = [int(r) for r in comm]
+    except (TypeError, ValueError):
+        ranks = None
+    if not ranks or len(set(ranks)) != len(ranks) or \
+            not all(0 <= r < world.Get_size() for r in ranks):
+        raise ArgumentError(f"init(comm=...) takes an mpi4py communicator or a list of "
+                            f"distinct COMM_WORLD ranks from 0 to {world.Get_size() - 1}, got "
+                            f"{comm!r}: e.g. init(comm=[0, 1])")
+    if world.Get_rank() not in ranks:
+        raise ArgumentError(f"rank {world.Get_rank()} is not in init(comm={ranks}): only the "
+                            f"listed ranks may call it")
+    return world.Create_group(world.Get_group().Incl(ranks))
+
+
+def _match_sets(w, sets):
+    """A second ``init``: give each set of ``sets`` the number of the registered set of
+    its ranks, without any collective; ``ValueError`` for one that is not registered or is
+    named twice."""
+    taken = {0}                     # the global set is never named again
+    for index, pset in enumerate(sets):
+        members = w.resolve_ranks(pset)
+        found = next((s for s in w.sets.values() if s.ranks == list(members)), None)
+        if found is None or found.process_set_id in taken:
+            why = "is not registered (add it with hvd.add_process_set on every rank)" \
+                if found is None else "is a duplicate (of another entry or the global set)"
+            raise ArgumentError(f"process_sets entry {index} ({pset}) {why}")
+        taken.add(found.process_set_id)
+        if pset is not found:
+            pset._register(found.process_set_id, list(members), found.comm, w.rank)

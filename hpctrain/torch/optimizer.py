@@ -282,16 +282,20 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
                          num_groups=0, groups=None, sparse_as_dense=False,
                          process_set=global_process_set,
-                         bucket_mb=BUCKET_MB, overlap=True):
+                         bucket_mb=None, overlap=True):
     """Wrap ``optimizer`` so that ``step()`` uses gradients averaged over all ranks.
 
     The result is an instance of the optimizer's own class (``isinstance`` and
     ``state_dict`` work as before) with ``synchronize()``, ``skip_synchronize()`` and
-    ``zero_grad()`` as in Horovod. ``bucket_mb`` (hpctrain's): the bucket size;
+    ``zero_grad()`` as in Horovod. ``bucket_mb`` (hpctrain's): the bucket size (default
+    ``HOROVOD_FUSION_THRESHOLD`` bytes if that is set, else :data:`BUCKET_MB`);
     ``overlap=False`` reduces every bucket in ``synchronize()`` instead of during backward.
     Every rank must build the same model (checked at the first step, on every rank).
     """
-    world()
+    w = world()
+    if bucket_mb is None:
+        fusion = w.settings.fusion_bytes
+        bucket_mb = BUCKET_MB if fusion is None else fusion / 2**20
     op = resolve_op(None, op)
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")

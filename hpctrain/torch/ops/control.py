@@ -5,8 +5,9 @@ barrier of one set never waits for another set's collectives, and a set is numbe
 on every rank.
 """
 
-from .common import member_set, submit, synchronize
+from .common import announce_invalid, member_set, submit, synchronize
 from ..basics import world
+from ...errors import ArgumentError
 from ..process_sets import ProcessSet, global_process_set
 
 
@@ -37,25 +38,60 @@ def join(device=-1):
 
 
 def add_process_set(process_set):
-    """Register a process set (a :class:`ProcessSet` or a list of world ranks) and return
-    it. Synchronisation point: every rank must call it, in the same order."""
+    """Register a process set (a :class:`ProcessSet` of world ranks or of an mpi4py
+    communicator, or a list of world ranks) and return it. Synchronisation point: every rank
+    must call it, in the same order.
+
+    Each rank may name a different set: every rank's is registered (as ``init`` does with
+    its ``process_sets``), so ``ProcessSet(comm.Split(color))`` declares one set per color.
+    ``ValueError`` where a set of the same ranks exists already."""
     w = world()
     pset = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
     if pset.process_set_id is not None:
         raise ValueError(f"{pset} is registered already")
-    ranks = w.resolve_ranks(pset)
+    register_process_sets(w, [pset])
+    return pset
+
+
+def register_process_sets(w, psets):
+    """Register every rank's ``psets`` (one operation of every rank, run on the
+    communication thread): each distinct set of ranks that any rank names, once, numbered
+    alike everywhere (those given by communicators first, then by ranks, each in rank order,
+    as Horovod numbers them). Raises ``ValueError`` on a rank whose list names a set twice,
+    or one registered already (the others are registered all the same, as in Horovod, where
+    ``init`` may be called again with a list that is right)."""
     name = w.next_name(0, "process_set")
+    try:
+        mine = [(tuple(w.resolve_ranks(p)), p.mpi_comm is not None) for p in psets]
+    except ValueError as exc:
+        announce_invalid(w, global_process_set, name, f"add_process_set: {exc}")
+        raise
+    existing = {tuple(s.ranks) for s in w.sets.values()}
 
     def run(comm, infos):
-        return w.register_set(pset, ranks), None
+        named = [entry for info in infos for entry in info or ()]
+        for members in dict.fromkeys([m for m, by_comm in named if by_comm] +
+                                     [m for m, by_comm in named if not by_comm]):
+            if any(tuple(s.ranks) == members for s in w.sets.values()):
+                continue
+            pset = next((p for p, (m, _) in zip(psets, mine)
+                         if m == members and p.process_set_id is None), None)
+            w.register_set(pset or ProcessSet(list(members)), list(members))
+        return None, None
 
-    return synchronize(submit(w, global_process_set, name, ("add_process_set", tuple(ranks)),
-                              f"add_process_set({ranks})", run))
+    synchronize(submit(w, global_process_set, name, ("add_process_sets",),
+                       f"add_process_set({[list(m) for m, _ in mine]})", run, info=mine))
+    for index, (pset, (members, _)) in enumerate(zip(psets, mine)):
+        if pset.process_set_id is None:
+            why = "exists already" if members in existing else "is named twice in this list"
+            raise ArgumentError(f"a process set with ranks {list(members)} {why}: process_sets "
+                                f"entry {index} ({pset}) is a duplicate")
 
 
 def remove_process_set(process_set):
     """Remove a registered process set (never the global one); True if it was removed.
-    Synchronisation point: every rank must call it, in the same order."""
+    Synchronisation point: every rank must call it, in the same order. Each rank may name
+    a different set (the one its communicator made, say): every rank's is removed."""
     w = world()
     if (not isinstance(process_set, ProcessSet) or process_set.process_set_id in (None, 0)
             or process_set.process_set_id not in w.sets):
@@ -64,10 +100,13 @@ def remove_process_set(process_set):
     name = w.next_name(0, "process_set")
 
     def run(comm, infos):
-        return w.unregister_set(set_id), None
+        for named in dict.fromkeys(infos):
+            if named in w.sets:
+                w.unregister_set(named)
+        return True, None
 
-    return synchronize(submit(w, global_process_set, name, ("remove_process_set", set_id),
-                              f"remove_process_set({set_id})", run))
+    return synchronize(submit(w, global_process_set, name, ("remove_process_sets",),
+                              f"remove_process_set({set_id})", run, info=set_id))
 
 
 def start_timeline(file_path, mark_cycles=False):

@@ -1,0 +1,557 @@
+"""``hpctrain-horovodrun``: Horovod's ``horovodrun`` command line, for jobs on hpctrain.
+
+A Horovod job script changes one word::
+
+    horovodrun -np 8 -H host1:4,host2:4 python train.py            # Horovod
+    hpctrain-horovodrun -np 8 -H host1:4,host2:4 python train.py   # the same job on hpctrain
+
+(also ``python -m hpctrain.launch.horovodrun``). The name is its own, so that it never
+shadows Horovod's ``horovodrun`` where both are installed.
+
+The ranks are started by ``mpirun``, with the flags of :func:`hpctrain.launch.mpirun_command`,
+``--map-by slot`` (each host's ranks consecutive, as horovodrun asks) and the hosts of ``-H`` or
+``--hostfile``; or, inside a Slurm allocation (``SLURM_JOB_ID``) when no hosts are named, by
+``srun --mpi=pmix --kill-on-bad-exit=1``. ``HPCTRAIN_LAUNCHER=mpirun`` or ``srun`` chooses
+(as for the job scripts in ``jobs/``).
+
+Horovod's tuning options reach the ranks the way horovodrun hands them over: as ``HOROVOD_*``
+environment variables with Horovod 0.28.1's names and units (:data:`SETTINGS`,
+:data:`SWITCHES`), each also given to mpirun as ``-x NAME=VALUE`` so that ranks on other hosts
+get it (srun hands every task the whole environment). With hosts named, every other variable
+of the launch environment is exported to the ranks too, as horovodrun does, except those that
+describe this host or this process (:func:`exported`). Whether the ranks follow a setting is
+``hpctrain.torch``'s business: the launcher only sets it.
+
+Options that belong to Horovod's own machinery (Gloo, jsrun, its checks of the hosts and their
+cache, elastic mode, a YAML configuration) are refused with what to do instead
+(:data:`REFUSED`); those that only mpirun can apply (``--mpi-args``, ``-p``, ...) are refused
+under srun. Bad input (an unknown option, a value that does not parse, a malformed host, fewer
+slots than ``-np``, no command) is one message with a valid example and exit status 2, before
+anything starts.
+"""
+
+import dataclasses
+import difflib
+import math
+import os
+import re
+import shlex
+import shutil
+import sys
+import textwrap
+from pathlib import Path
+
+from .. import __version__
+from ..elastic import parse_hosts
+from ..errors import UsageError
+from . import PROGRESS_TTY, find_mpirun, launch_environment, mpirun_command
+from .hosts import host_list, parse_hostfile, total_slots
+
+NAME = "hpctrain-horovodrun"
+EXAMPLE = f"{NAME} -np 8 -H host1:4,host2:4 python train.py"
+#: Chooses the launcher as in ``jobs/``: ``mpirun`` or ``srun`` (default: srun inside a Slurm
+#: allocation when no hosts are named, mpirun otherwise).
+LAUNCHER = "HPCTRAIN_LAUNCHER"
+MIB = 1 << 20
+LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
+#: The log level ``--verbose`` asks of the ranks where ``--log-level`` gives none.
+VERBOSE_LOG_LEVEL = "DEBUG"
+
+
+def _count(text):
+    if not (text.isascii() and text.isdigit()):
+        raise ValueError("give a whole number >= 0")
+    return text.lstrip("0") or "0"
+
+
+def _ranks(text):
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise ValueError("give a whole number >= 1")
+    return int(text)
+
+
+def _mebibytes(text):
+    return str(int(_count(text)) * MIB)
+
+
+def _milliseconds(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise ValueError("give a number of milliseconds >= 0, e.g. 5 or 2.5")
+    return str(value)
+
+
+def _fraction(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= 1:
+        raise ValueError("give a number from 0 to 1")
+    return str(value)
+
+
+def _log_level(text):
+    if text.upper() not in LOG_LEVELS:
+        raise ValueError(f"give one of {', '.join(LOG_LEVELS)}")
+    return text.upper()
+
+
+def _path(text):
+    if not text:
+        raise ValueError("give a file name")
+    return text
+
+
+#: Horovod's tuning options that take a value: option -> (variable, converter). A converter
+#: returns the variable's value as Horovod's runner writes it, or raises ``ValueError``
+#: saying what is wanted.
+SETTINGS = {
+    "--fusion-threshold-mb": ("HOROVOD_FUSION_THRESHOLD", _mebibytes),   # exported in bytes
+    "--cycle-time-ms": ("HOROVOD_CYCLE_TIME", _milliseconds),
+    "--cache-capacity": ("HOROVOD_CACHE_CAPACITY", _count),
+    "--timeline-filename": ("HOROVOD_TIMELINE", _path),
+    "--stall-check-warning-time-seconds": ("HOROVOD_STALL_CHECK_TIME_SECONDS", _count),
+    "--stall-check-shutdown-time-seconds": ("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", _count),
+    "--log-level": ("HOROVOD_LOG_LEVEL", _log_level),
+    "--autotune-log-file": ("HOROVOD_AUTOTUNE_LOG", _path),
+    "--autotune-warmup-samples": ("HOROVOD_AUTOTUNE_WARMUP_SAMPLES", _count),
+    "--autotune-steps-per-sample": ("HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", _count),
+    "--autotune-bayes-opt-max-samples": ("HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", _count),
+    "--autotune-gaussian-process-noise": ("HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE",
+                                          _fraction),
+    "--num-nccl-streams": ("HOROVOD_NUM_NCCL_STREAMS", _count),
+    "--thread-affinity": ("HOROVOD_THREAD_AFFINITY", _count),
+    "--gloo-timeout-seconds": ("HOROVOD_GLOO_TIMEOUT_SECONDS", _count),
+}
+
+#: Horovod's on/off options: option -> (variable, value).
+SWITCHES = {
+    "--hierarchical-allreduce": ("HOROVOD_HIERARCHICAL_ALLREDUCE", "1"),
+    "--no-hierarchical-allreduce": ("HOROVOD_HIERARCHICAL_ALLREDUCE", "0"),
+    "--hierarchical-allgather": ("HOROVOD_HIERARCHICAL_ALLGATHER", "1"),
+    "--no-hierarchical-allgather": ("HOROVOD_HIERARCHICAL_ALLGATHER", "0"),
+    "--torus-allreduce": ("HOROVOD_TORUS_ALLREDUCE", "1"),
+    "--no-torus-allreduce": ("HOROVOD_TORUS_ALLREDUCE", "0"),
+    "--timeline-mark-cycles": ("HOROVOD_TIMELINE_MARK_CYCLES", "1"),
+    "--no-timeline-mark-cycles": ("HOROVOD_TIMELINE_MARK_CYCLES", "0"),
+    "--autotune": ("HOROVOD_AUTOTUNE", "1"),
+    "--no-autotune": ("HOROVOD_AUTOTUNE", "0"),
+    "--no-stall-check": ("HOROVOD_STALL_CHECK_DISABLE", "1"),
+    "--stall-check": ("HOROVOD_STALL_CHECK_DISABLE", "0"),
+    "--mpi-threads-disable": ("HOROVOD_MPI_THREADS_DISABLE", "1"),
+    "--no-mpi-threads-disable": ("HOROVOD_MPI_THREADS_DISABLE", "0"),
+    "--log-without-timestamp": ("HOROVOD_LOG_HIDE_TIME", "1"),
+    "--log-hide-timestamp": ("HOROVOD_LOG_HIDE_TIME", "1"),
+    "--log-with-timestamp": ("HOROVOD_LOG_HIDE_TIME", "0"),
+    "--no-log-hide-timestamp": ("HOROVOD_LOG_HIDE_TIME", "0"),
+    "--tcp": ("NCCL_IB_DISABLE", "1"),
+}
+
+#: Settings that horovodrun exports only beside another one that is on: the cycle marks with
+#: a timeline, the autotuner's parameters with the autotuner.
+NEEDS = {
+    "HOROVOD_TIMELINE_MARK_CYCLES": "HOROVOD_TIMELINE",
+    **{variable: "HOROVOD_AUTOTUNE" for option, (variable, _) in SETTINGS.items()
+       if option.startswith("--autotune-")},
+}
+
+_ELASTIC = ("elastic training is `python -m hpctrain.launch --elastic` (docs/elastic.md), "
+            "which takes --min-np, --max-np and --host-discovery-script")
+_NO_CHECKS = (f"{NAME} runs no checks of the hosts before mpirun, so there is nothing to "
+              "time out or cache: drop it (mpirun itself reports a host it cannot reach)")
+
+#: Options of horovodrun that cannot apply here: option -> what to do instead.
+REFUSED = {
+    "--gloo": "hpctrain runs on MPI only: drop --gloo (the ranks use the MPI of mpirun/srun)",
+    "--jsrun": "start the ranks with jsrun yourself (jsrun -n N python train.py): "
+               "hpctrain.torch starts under any MPI launcher",
+    "-cb": "`mpirun -np 1 python -m hpctrain info` lists the frameworks and controllers",
+    "--check-build": "`mpirun -np 1 python -m hpctrain info` lists the frameworks and "
+                     "controllers",
+    "--config-file": "give each setting of the file as its option "
+                     "(params: fusion_threshold_mb: 32 is --fusion-threshold-mb 32)",
+    "--start-timeout": _NO_CHECKS,
+    "--disable-cache": _NO_CHECKS,
+    **dict.fromkeys(("--min-np", "--min-num-proc", "--max-np", "--max-num-proc",
+                     "--slots-per-host", "--elastic-timeout", "--reset-limit",
+                     "--blacklist-cooldown-range", "--host-discovery-script"), _ELASTIC),
+}
+
+#: Other spellings of the options below (Horovod's).
+ALIASES = {"--num-proc": "-np", "--hosts": "-H", "-hostfile": "--hostfile",
+           "--ssh-port": "-p", "--ssh-identity-file": "-i",
+           "--network-interface": "--network-interfaces",
+           "-prefix-timestamp": "--prefix-output-with-timestamp",
+           "--help": "-h", "--version": "-v"}
+#: Options that shape the launch and take a value.
+LAUNCH_VALUES = ("-np", "-H", "--hostfile", "--mpi-args", "--binding-args",
+                 "--output-filename", "-p", "-i", "--network-interfaces")
+#: Options that shape the launch and take none (``--mpi``: MPI is the only controller).
+LAUNCH_FLAGS = ("--verbose", "--mpi", "--prefix-output-with-timestamp", "-h", "-v")
+#: Options that only mpirun can apply.
+MPIRUN_ONLY = ("--mpi-args", "--binding-args", "--output-filename",
+               "--prefix-output-with-timestamp", "-p", "-i")
+
+#: Variables of the launch environment not exported to the ranks on other hosts: they
+#: describe this host (its name, GPUs, working directory, shell) or this process's place in
+#: a Slurm allocation or an MPI job, which a rank elsewhere must learn from its own.
+LOCAL_NAMES = {"HOSTNAME", "PWD", "OLDPWD", "SHLVL", "_"}
+LOCAL_PREFIXES = ("BASH_FUNC_", "SLURM_", "PMI_")
+LOCAL_SUFFIXES = ("_VISIBLE_DEVICES",)
+
+
+@dataclasses.dataclass
+class Options:
+    """What the command line gave (checked by :func:`parse_options`)."""
+
+    command: list = dataclasses.field(default_factory=list)
+    np: int = None
+    hosts: str = None                 # -H, as given
+    hostfile: str = None
+    settings: dict = dataclasses.field(default_factory=dict)    # variable -> value
+    interfaces: list = dataclasses.field(default_factory=list)  # --network-interface(s)
+    ssh_port: int = None
+    ssh_identity: str = None
+    output_filename: str = None
+    timestamp: bool = False
+    binding_args: list = dataclasses.field(default_factory=list)
+    mpi_args: list = dataclasses.field(default_factory=list)
+    mpirun_only: list = dataclasses.field(default_factory=list)  # such options given
+    verbose: bool = False
+    help: bool = False
+    version: bool = False
+
+
+@dataclasses.dataclass
+class Launch:
+    """The launch that the options make: ``argv`` (``mpirun`` or ``srun`` first, by name) to
+    run with the environment ``env``; ``settings``: what the ranks are told."""
+
+    argv: list
+    env: dict
+    settings: dict
+
+
+def parse_options(argv):
+    """:class:`Options` from a horovodrun command line; ``UsageError`` naming the option for
+    an unknown or refused one, a value that does not parse, or no command."""
+    options, words = Options(), list(argv)
+    while words and words[0].startswith("-") and words[0] != "-":
+        word = words.pop(0)
+        if word == "--":
+            break
+        name, eq, value = word.partition("=")
+        name = ALIASES.get(name, name)
+        if name in REFUSED:
+            raise UsageError(f"{name} does not apply to {NAME}: {REFUSED[name]}")
+        if name in SWITCHES or name in LAUNCH_FLAGS:
+            if eq:
+                raise UsageError(f"{name} takes no value (got {word!r})")
+            _flag(options, name)
+            continue
+        if name not in SETTINGS and name not in LAUNCH_VALUES:
+            raise UsageError(_unknown(name))
+        if not eq:
+            if not words:
+                raise UsageError(f"{name} needs a value")
+            value = words.pop(0)
+        try:
+            _value(options, name, value)
+        except ValueError as exc:
+            raise UsageError(f"{name} {value!r}: {exc}") from None
+    options.command = words
+    if not (options.help or options.version):
+        _check(options)
+    return options
+
+
+def _unknown(name):
+    known = [*SETTINGS, *SWITCHES, *LAUNCH_VALUES, *LAUNCH_FLAGS, *ALIASES]
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return f"unknown option {name}{hint}"
+
+
+def _flag(options, name):
+    if name in SWITCHES:
+        variable, value = SWITCHES[name]
+        options.settings[variable] = value
+    elif name == "--prefix-output-with-timestamp":
+        options.timestamp = True
+        options.mpirun_only.append(name)
+    elif name != "--mpi":
+        setattr(options, {"--verbose": "verbose", "-h": "help", "-v": "version"}[name], True)
+
+
+def _value(options, name, value):
+    """Store option ``name``'s ``value``; ``ValueError`` saying what is wanted."""
+    if name in SETTINGS:
+        variable, convert = SETTINGS[name]
+        options.settings[variable] = convert(value)
+        return
+    if name in MPIRUN_ONLY:
+        options.mpirun_only.append(name)
+    if name == "-np":
+        options.np = _ranks(value)
+    elif name == "-H":
+        options.hosts = value
+    elif name == "--hostfile":
+        options.hostfile = _path(value)
+    elif name == "--network-interfaces":
+        options.interfaces += [nic for nic in value.split(",") if nic not in options.interfaces]
+    elif name == "-p":
+        options.ssh_port = _ranks(value)
+    elif name == "-i":
+        options.ssh_identity = _path(value)
+    elif name == "--output-filename":
+        options.output_filename = _path(value)
+    elif name == "--binding-args":
+        options.binding_args = shlex.split(value)
+    else:   # --mpi-args: words for mpirun, as the shell would split them
+        options.mpi_args += shlex.split(value)
+
+
+def _check(options):
+    if not options.command:
+        raise UsageError("no command to launch: give it after the options")
+    if options.hosts is not None and options.hostfile is not None:
+        raise UsageError("-H and --hostfile: give the hosts one way only")
+    if "" in options.interfaces:
+        raise UsageError("--network-interfaces: an empty interface name")
+
+
+def read_hosts(options):
+    """``[(host, slots), ...]`` from ``-H`` or ``--hostfile``; ``None`` when neither is given;
+    ``UsageError`` naming the entry that is not ``HOST:SLOTS``."""
+    if options.hostfile is not None:
+        try:
+            text = Path(options.hostfile).read_text()
+        except OSError as exc:
+            raise UsageError(f"--hostfile {options.hostfile}: {exc.strerror}") from None
+        try:
+            hosts = parse_hostfile(text, f"--hostfile {options.hostfile}")
+        except ValueError as exc:
+            raise UsageError(f"{exc}; a hostfile has one `HOST slots=N` per line") from None
+        source = f"--hostfile {options.hostfile}"
+    elif options.hosts is not None:
+        hosts = []
+        for entry in options.hosts.split(","):
+            try:
+                hosts += parse_hosts(entry, "-H")
+            except ValueError:
+                raise UsageError(f"-H {options.hosts}: {entry!r} is not HOST:SLOTS (SLOTS a "
+                                 f"whole number >= 1), e.g. -H host1:4,host2:4") from None
+        source = f"-H {options.hosts}"
+    else:
+        return None
+    if not hosts:
+        raise UsageError(f"{source} names no host, e.g. -H host1:4,host2:4")
+    return hosts
+
+
+def choose_launcher(options, environ):
+    """``"mpirun"`` or ``"srun"``: ``$HPCTRAIN_LAUNCHER`` if set, else srun inside a Slurm
+    allocation when no hosts are named, else mpirun; ``UsageError`` for a choice that cannot
+    work."""
+    named = options.hosts is not None or options.hostfile is not None
+    choice = environ.get(LAUNCHER) or \
+        ("srun" if "SLURM_JOB_ID" in environ and not named else "mpirun")
+    if choice not in ("mpirun", "srun"):
+        raise UsageError(f"{LAUNCHER} must be mpirun or srun, got {choice!r}")
+    if choice == "srun":
+        if "SLURM_JOB_ID" not in environ:
+            raise UsageError(f"{LAUNCHER}=srun needs a Slurm allocation (salloc or sbatch)")
+        if named:
+            raise UsageError("srun takes its hosts from the Slurm allocation: drop -H/--hostfile, "
+                             f"or set {LAUNCHER}=mpirun")
+        if options.mpirun_only:
+            option = options.mpirun_only[0]
+            raise UsageError(f"{option} is for mpirun, and inside this Slurm allocation the "
+                             f"ranks are started by srun: drop {option}, or set "
+                             f"{LAUNCHER}=mpirun to start them with mpirun")
+    return choice
+
+
+def world_size(options, environ, launcher):
+    """The number of ranks: ``-np``, else the allocation's ``SLURM_NTASKS``; ``UsageError``
+    when neither says, or when srun is asked for more tasks than the allocation has."""
+    tasks = environ.get("SLURM_NTASKS", "")
+    tasks = int(tasks) if "SLURM_JOB_ID" in environ and tasks.isdigit() else None
+    np = options.np if options.np is not None else tasks
+    if np is None:
+        raise UsageError(f"-np N is required (the number of ranks), e.g. {EXAMPLE}")
+    if launcher == "srun" and tasks is not None and np > tasks:
+        raise UsageError(f"-np {np}, but this Slurm allocation has {tasks} tasks "
+                         f"(SLURM_NTASKS): start at most {tasks} ranks, or ask sbatch/salloc "
+                         f"for more")
+    return np
+
+
+def rank_settings(options):
+    """The variables the ranks get: the options' settings, ``HOROVOD_LOG_LEVEL`` for
+    ``--verbose``, the network interfaces (Open MPI's TCP transport, NCCL's sockets), less
+    those that horovodrun exports only beside a setting that is not on."""
+    settings = dict(options.settings)
+    if options.verbose:
+        settings.setdefault("HOROVOD_LOG_LEVEL", VERBOSE_LOG_LEVEL)
+    if options.interfaces:
+        nics = ",".join(options.interfaces)
+        settings.update(OMPI_MCA_btl_tcp_if_include=nics, NCCL_SOCKET_IFNAME=nics)
+    return {name: value for name, value in settings.items()
+            if name not in NEEDS or settings.get(NEEDS[name], "0") not in ("", "0")}
+
+
+def exported(environ):
+    """The names in ``environ`` that a rank on another host should get as they are here:
+    every variable but those of :data:`LOCAL_NAMES`, ``LOCAL_PREFIXES``, ``LOCAL_SUFFIXES``."""
+    return sorted(name for name in environ
+                  if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name)
+                  and name not in LOCAL_NAMES and not name.startswith(LOCAL_PREFIXES)
+                  and not name.endswith(LOCAL_SUFFIXES))
+
+
+def mpirun_words(options):
+    """The words that the options give to mpirun alone, in an order where the user's own
+    (``--binding-args``, then ``--mpi-args``) come last: mpirun takes the last of repeated
+    options, so they override the launcher's defaults (``--bind-to none``, ``--map-by slot``)."""
+    words = []
+    ssh = [*(["-p", str(options.ssh_port)] if options.ssh_port else []),
+           *(["-i", options.ssh_identity] if options.ssh_identity else [])]
+    if ssh:
+        words += ["--mca", "plm_rsh_args", shlex.join(ssh)]
+    if options.output_filename:
+        words += ["--output-filename", options.output_filename]
+    if options.timestamp:
+        words.append("--timestamp-output")
+    return [*words, *options.binding_args, *options.mpi_args]
+
+
+def plan(options, environ, *, tty=False):
+    """The :class:`Launch` that ``options`` make in the environment ``environ``; ``tty``: the
+    launcher's output is a terminal. ``UsageError`` for bad input; nothing is started."""
+    launcher = choose_launcher(options, environ)
+    hosts = read_hosts(options)
+    np = world_size(options, environ, launcher)
+    if hosts is not None and total_slots(hosts) < np:
+        given = f"-H {options.hosts}" if options.hostfile is None \
+            else f"--hostfile {options.hostfile} ({host_list(hosts)})"
+        raise UsageError(f"-np {np}, but {given} has {total_slots(hosts)} slot(s): name more "
+                         f"hosts or slots, or start at most {total_slots(hosts)} ranks")
+    settings = rank_settings(options)
+    env = {**launch_environment(environ), **settings}
+    if launcher == "srun":
+        if tty:
+            env[PROGRESS_TTY] = "1"
+        argv = ["srun", "--mpi=pmix", "--kill-on-bad-exit=1", "-n", str(np), *options.command]
+        return Launch(argv, env, settings)
+    extra = ["--map-by", "slot"]
+    if hosts is not None:
+        extra += ["-H", host_list(hosts)]
+    extra += [word for name in sorted(settings) for word in ("-x", f"{name}={settings[name]}")]
+    if hosts is not None:
+        # mpirun hands the ranks on other hosts only what -x names; horovodrun names all.
+        extra += [word for name in exported(env) if name not in settings
+                  for word in ("-x", name)]
+    extra += mpirun_words(options)
+    return Launch(mpirun_command(np, options.command, extra=extra, tty=tty), env, settings)
+
+
+def _switches_by_variable():
+    """``{variable: ([option, ...], [value, ...])}`` of :data:`SWITCHES`, for ``--help``."""
+    grouped = {}
+    for option, (variable, value) in SWITCHES.items():
+        spellings, values = grouped.setdefault(variable, ([], []))
+        spellings.append(option)
+        if value not in values:
+            values.append(value)
+    return grouped
+
+
+USAGE = f"""\
+usage: {NAME} -np N [-H HOST:SLOTS,... | --hostfile FILE] [OPTIONS] COMMAND...
+
+Horovod's horovodrun for hpctrain: `horovodrun ...` becomes `{NAME} ...`, e.g.
+    {EXAMPLE}
+
+The ranks are started by mpirun, or by srun inside a Slurm allocation when no hosts are
+named ({LAUNCHER}=mpirun|srun chooses).
+
+launch:
+  -np, --num-proc N            number of ranks (in a Slurm allocation: SLURM_NTASKS)
+  -H, --hosts H:S,...          hosts and their slots (HOST alone: 1 slot)
+  --hostfile FILE              one `HOST slots=N` per line
+  --mpi-args "ARGS"            more mpirun options (last, so they win)
+  --binding-args "ARGS"        mpirun's binding (default --bind-to none --map-by slot)
+  --output-filename DIR        mpirun --output-filename DIR
+  --prefix-output-with-timestamp   mpirun --timestamp-output
+  -p, --ssh-port P             mpirun --mca plm_rsh_args "-p P"
+  -i, --ssh-identity-file F    mpirun --mca plm_rsh_args "-i F"
+  --network-interfaces NICS    OMPI_MCA_btl_tcp_if_include and NCCL_SOCKET_IFNAME
+  --verbose                    print the launch line; HOROVOD_LOG_LEVEL={VERBOSE_LOG_LEVEL}
+  --mpi                        accepted (MPI is the only controller)
+  -h, --help / -v, --version
+
+settings for the ranks (exported with mpirun -x, as horovodrun does):
+""" + "".join(f"  {option:<37} {variable}{' (bytes)' if option.endswith('-mb') else ''}\n"
+              for option, (variable, _) in SETTINGS.items()) + \
+    "\nswitches for the ranks (the same way):\n" + \
+    "".join(f"  {variable + '=' + '|'.join(values):<37} {', '.join(spellings)}\n"
+            for variable, (spellings, values) in _switches_by_variable().items()) + \
+    "\n" + textwrap.fill(f"refused, each with what to do instead: {' '.join(REFUSED)}",
+                         width=92, break_on_hyphens=False) + "\n"
+
+
+def _program(name):
+    """The path of ``name`` (``mpirun`` or ``srun``); ``FileNotFoundError`` saying so."""
+    if name == "mpirun":
+        return find_mpirun()
+    path = shutil.which(name)
+    if path is None:
+        raise FileNotFoundError(f"{name} not found on PATH, though SLURM_JOB_ID is set")
+    return path
+
+
+def with_this_python(environ):
+    """``environ`` with this interpreter's ``bin`` folder first on ``PATH`` when it runs in a
+    virtual environment, as activating it would: ``python train.py`` in the command is then
+    the Python that has hpctrain (``.venv/bin/hpctrain-horovodrun`` works unactivated)."""
+    if sys.prefix == sys.base_prefix:
+        return environ
+    folder = os.path.join(sys.prefix, "bin")
+    path = environ.get("PATH", "")
+    if path.split(os.pathsep)[:1] == [folder]:
+        return environ
+    return {**environ, "PATH": os.pathsep.join(p for p in (folder, path) if p)}
+
+
+def main(argv=None):
+    """``hpctrain-horovodrun [OPTIONS] COMMAND...``: exec mpirun (or srun) with the ranks'
+    settings; bad input is one message and exit status 2, with nothing started."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        options = parse_options(argv)
+        if options.help or options.version:
+            print(USAGE if options.help else f"{NAME} (hpctrain {__version__})\n", end="")
+            return 0
+        launch = plan(options, with_this_python(os.environ), tty=sys.stdout.isatty())
+        program = _program(launch.argv[0])
+    except UsageError as exc:
+        print(f"{NAME}: error: {exc}\n  e.g. {EXAMPLE}   ({NAME} --help lists every option)",
+              file=sys.stderr)
+        return exc.exit_code
+    except FileNotFoundError as exc:
+        print(f"{NAME}: {exc}", file=sys.stderr)
+        return 1
+    if options.verbose:
+        print(f"[{NAME}] {shlex.join([program, *launch.argv[1:]])}", file=sys.stderr,
+              flush=True)
+    os.execve(program, [program, *launch.argv[1:]], launch.env)
+    return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())
