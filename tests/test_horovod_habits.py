@@ -137,3 +137,18 @@ def test_ignored_horovod_variables_are_named_once_by_rank_0():
     assert run.returncode == 0, run.output[-3000:]
     assert run.output.count("ignores these Horovod settings") == 1
     assert "HOROVOD_AUTOTUNE (no run-time tuner" in run.output
+
+
+def test_a_process_set_outside_the_world_stops_every_rank_with_status_2():
+    run = run_mode(2, "bad-set")
+    assert run.returncode == 2, run.output[-3000:]
+    assert "a process set needs ranks from 0 to 1, got [0, 99]" in run.output
+    assert "Traceback" not in run.output
+
+
+def test_docs_table_lists_every_horovod_variable_as_the_code_treats_it():
+    from conftest import REPO
+
+    text = (REPO / "docs" / "torch.md").read_text()
+    for name, (kind, _) in settings.HOROVOD_VARIABLES.items():
+        assert f"| `{name}` | {kind} |" in text, name

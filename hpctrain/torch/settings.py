@@ -97,6 +97,8 @@ HOROVOD_VARIABLES = {
                           "fatal is critical)"),
     "HOROVOD_DYNAMIC_PROCESS_SETS": ("honoured", "nothing to do: sets may always be added "
                                      "and removed"),
+    "HOROVOD_ELASTIC": ("honoured", "nothing to do: `hvd.elastic.run` works with or without "
+                        "it"),
     "HOROVOD_FUSION_THRESHOLD": ("mapped", "bytes: the default bucket size of "
                                  "`DistributedOptimizer` (`bucket_mb`), which is where "
                                  "hpctrain fuses; 0: one gradient per bucket"),
@@ -119,6 +121,7 @@ HOROVOD_VARIABLES = {
     "HOROVOD_CPU_OPERATIONS": ("ignored", "CPU tensors go through MPI (no Gloo or oneCCL)"),
     "HOROVOD_CCL_CACHE": ("ignored", "no oneCCL"),
     "HOROVOD_GLOO_IFACE": ("ignored", "no Gloo"),
+    "HOROVOD_GLOO_TIMEOUT_SECONDS": ("ignored", "no Gloo"),
     "HOROVOD_NUM_NCCL_STREAMS": ("ignored", "no NCCL: device buffers go to a CUDA-aware MPI "
                                  "on the engine's own stream"),
     "HOROVOD_BATCH_D2D_MEMCOPIES": ("ignored", "no fusion-buffer kernels"),

@@ -10,6 +10,7 @@ rank 0 prints one line per check, and the job exits 1 where any rank found a dif
 - ``dynamic``: ``add_process_set(ProcessSet(subcomm))`` after ``init``, every rank its own;
 - ``comm-list``: ``init(comm=[...])`` over all ranks but the last, which is refused;
 - ``timeline``: ``HOROVOD_TIMELINE`` (and ``_MARK_CYCLES``) set by the launch: rank 0 writes it;
+- ``bad-set``: a process set naming a rank outside the world: status 2 on every rank;
 - ``stall-shutdown``: ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=1`` set by the launch, and rank 1
   late by 4 s: every rank's operation fails with Horovod's "shut down".
 """
@@ -164,7 +165,12 @@ def stall_shutdown():
     return check("a stall of 1 s shuts every rank down", ok, (round(waited, 1), error))
 
 
+def bad_set():
+    hvd.init(process_sets=[hvd.ProcessSet([0, 99])])     # never returns: status 2
+    return False
+
+
 MODES = {"uninit": uninit, "split": split, "dynamic": dynamic, "comm-list": comm_list,
-         "timeline": timeline, "stall-shutdown": stall_shutdown}
+         "timeline": timeline, "stall-shutdown": stall_shutdown, "bad-set": bad_set}
 passed = MODES[mode]()
 sys.exit(0 if passed else 1)
