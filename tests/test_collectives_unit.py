@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from hpctrain.collectives import (ALGORITHMS, DTYPES, OPS, REGISTRIES, Algorithm, available,
                                   companion)
-from hpctrain.collectives import algorithm, buffers
+from hpctrain.collectives import algorithm, blocks, buffers
 # By its path: the package's attribute ``reduce`` is the collective, not this module.
 from hpctrain.collectives.reduce import averager, host_reducer
 from hpctrain.errors import UsageError
@@ -147,11 +147,58 @@ def test_a_second_registration_of_a_name_is_refused():
     with pytest.raises(ValueError, match="registered twice"):
         algorithm.register(Again)
 
-    class Same(algorithm.AllgatherAlgorithm):
+    class Same(blocks.AllgatherAlgorithm):
         name = "ring"
 
     with pytest.raises(ValueError, match="allgather algorithm 'ring' registered twice"):
         algorithm.register(Same)
+
+
+def test_a_collective_is_declared_once_by_its_interface_before_its_algorithms():
+    class Stray(Algorithm):
+        collective = "scan"
+        name = "linear"
+
+    with pytest.raises(ValueError, match="'scan' is not a collective: declare its interface "
+                                         "with @interface"):
+        algorithm.register(Stray)
+
+    class Again(Algorithm):
+        collective = "reduce"
+        default = "tree"
+
+    with pytest.raises(ValueError, match="collective 'reduce' declared twice"):
+        algorithm.interface(Again)
+
+    class NoDefault(Algorithm):
+        collective = "scan"
+
+    with pytest.raises(ValueError, match="'scan' names no default algorithm"):
+        algorithm.interface(NoDefault)
+    assert "scan" not in REGISTRIES and "scan" not in algorithm.INTERFACES
+    assert algorithm.COLLECTIVES == tuple(REGISTRIES) == \
+        ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce")
+
+
+def test_a_collective_is_named_only_by_its_interface_its_call_and_its_algorithms():
+    # docs/collectives.md's worked example: a new collective touches collectives/blocks.py
+    # (interface, bench plug-in, call), one module per algorithm and collectives/__init__.py.
+    # The registries and the benchmark read the interfaces: no name of a collective in them.
+    from pathlib import Path
+
+    import hpctrain
+
+    root = Path(hpctrain.__file__).parent
+    generic = [root / "collectives" / "algorithm.py", *sorted((root / "bench").glob("*.py"))]
+    for collective, declared in algorithm.INTERFACES.items():
+        assert declared.__module__ == blocks.__name__, collective
+        assert declared.bench is not None and declared.default in REGISTRIES[collective]
+        for path in generic:
+            text = path.read_text()
+            assert f'"{collective}"' not in text and f"'{collective}'" not in text, \
+                (collective, path.name)
+        assert {type(a).__module__.rpartition(".")[2].split("_")[0]
+                for a in REGISTRIES[collective].values()} == {collective}
 
 
 @pytest.mark.parametrize("allreduce_algo, gather, scatter, exchange, bcast, to_root", [

@@ -35,9 +35,10 @@ allreduce algorithm).
 
 The package, one concept per module: ``dtypes`` (element types and ops), ``reduce.py``
 (reduction kernels; the package's name ``reduce`` is the collective), ``algorithm`` (the
-interfaces and the registries), ``check`` (the mismatch check), ``context`` (the
-per-communicator cache), ``buffers`` (flattening, staging, fusing), ``driver``
-(``allreduce``, ``allreduce_fused``), ``blocks`` (``allgather``, ``reduce_scatter``,
+allreduce interface, the registries, ``@register`` and ``@interface``), ``check`` (the
+mismatch check), ``context`` (the per-communicator cache), ``buffers`` (flattening,
+staging, fusing), ``driver`` (``allreduce``, ``allreduce_fused``), ``blocks`` (each other
+collective's interface, bench plug-in and call: ``allgather``, ``reduce_scatter``,
 ``alltoall``, ``broadcast``, ``reduce``), ``cost`` (the α-β-γ model), then one module per
 algorithm (``ring.py``, ..., ``allgather_ring.py``, ``alltoall_pairwise.py``,
 ``broadcast_tree.py``, ``reduce_tree.py``, ...). Every allreduce algorithm takes the same
@@ -56,8 +57,7 @@ from . import alltoall_pairwise, alltoall_mpi  # noqa: F401
 from . import broadcast_tree, broadcast_scatter_allgather, broadcast_mpi  # noqa: F401
 from . import reduce_tree, reduce_mpi  # noqa: F401
 from . import auto, cost  # noqa: F401
-from .algorithm import (ALGORITHMS, COLLECTIVES, DEFAULT_ALLREDUCE, ENV_ALLREDUCE, REGISTRIES,
-                        Algorithm)
+from .algorithm import ALGORITHMS, DEFAULT_ALLREDUCE, ENV_ALLREDUCE, REGISTRIES, Algorithm
 # The collective ``reduce`` takes the package's attribute of that name from the kernels'
 # module (reduce.py): import the kernels by their module's path, ``from
 # hpctrain.collectives.reduce import host_reducer``, which still finds the module.
@@ -71,6 +71,13 @@ __all__ = ["ALGORITHMS", "COLLECTIVES", "DEFAULT_ALLREDUCE", "ENV_ALLREDUCE", "R
            "auto", "cost", "DTYPES", "OPS", "Algorithm", "MismatchError", "allgather",
            "allreduce", "allreduce_fused", "alltoall", "available", "broadcast", "companion",
            "context", "reduce", "reduce_scatter"]
+
+
+def __getattr__(name):
+    # COLLECTIVES: the registries' names, a collective declared later included.
+    if name == "COLLECTIVES":
+        return tuple(REGISTRIES)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def available(collective="allreduce"):

@@ -3,9 +3,12 @@
 An algorithm is one module holding one :class:`Algorithm` subclass decorated with
 :func:`register`. Its ``collective`` (default ``"allreduce"``) says which registry of
 ``REGISTRIES`` it joins: ``ALGORITHMS`` is the allreduce one, and only it feeds the
-allreduce driver, ``available()``, the command-line choices, the cost fit and ``auto``;
-the allgather, reduce-scatter, alltoall, broadcast and reduce algorithms (:mod:`.blocks`)
-sit beside it in their own. An allreduce algorithm is discovered through ``ALGORITHMS`` by
+allreduce driver, ``available()``, the command-line choices, the cost fit and ``auto``.
+Every other collective (allgather, reduce-scatter, alltoall, broadcast, reduce) declares
+its own interface, a subclass of :class:`Algorithm` decorated with :func:`interface`
+(:mod:`.blocks`, beside its call), which opens its registry and carries its default
+algorithm and its ``hpctrain bench`` plug-in (:class:`BenchPlugin`): a new collective
+changes nothing here. An allreduce algorithm is discovered through ``ALGORITHMS`` by
 the driver, the mismatch check, the cost model (:meth:`Algorithm.cost`), ``auto``, the
 command-line choices and the tests (:meth:`Algorithm.examples`). A new algorithm defines
 
@@ -20,20 +23,24 @@ command-line choices and the tests (:meth:`Algorithm.examples`). A new algorithm
 import itertools
 import os
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import NamedTuple
 
 import numpy as np
 
 from ..errors import UsageError
 from .dtypes import choices
 
-#: The collectives the package implements, each with a registry of its algorithms.
-COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce")
 #: collective -> {name: algorithm}; each module registers its own with :func:`register`.
-REGISTRIES = {collective: {} for collective in COLLECTIVES}
+#: The allreduce's is always here; every other collective's opens when its interface is
+#: declared (:func:`interface`), in the order of declaration.
+REGISTRIES = {"allreduce": {}}
 #: The allreduce algorithms by name.
 ALGORITHMS = REGISTRIES["allreduce"]
+#: collective -> its interface (:func:`interface`), for every collective but allreduce.
+INTERFACES = {}
 #: The allreduce algorithm where none is named, for ``hpctrain train`` and ``hpctrain.torch``
 #: alike: the bandwidth-optimal ring, the algorithm Horovod runs over MPI, and always here
 #: (Horovod itself is an optional extra).
@@ -69,7 +76,10 @@ def register(algorithm_class):
     every rank.
     """
     algorithm = algorithm_class()
-    registry = REGISTRIES[algorithm.collective]
+    registry = REGISTRIES.get(algorithm.collective)
+    if registry is None:
+        raise ValueError(f"{algorithm.collective!r} is not a collective: declare its "
+                         f"interface with @interface before registering its algorithms")
     if algorithm.name in registry:
         raise ValueError(f"{algorithm.collective} algorithm {algorithm.name!r} registered "
                          f"twice")
@@ -77,6 +87,34 @@ def register(algorithm_class):
     algorithm.tag = taken[0]
     registry[algorithm.name] = algorithm
     return algorithm_class
+
+
+def interface(interface_class):
+    """Class decorator: declare ``interface_class``, a subclass of :class:`Algorithm` whose
+    ``collective`` names a new collective, the interface its algorithms subclass. It opens
+    the collective's registry in ``REGISTRIES`` and files the class in ``INTERFACES``, where
+    ``companion`` finds its ``default`` and ``companions`` and ``hpctrain bench`` its
+    ``bench`` plug-in.
+
+    Declare it before its algorithms register, in the module that holds its call: the
+    import of the first algorithm module then declares it.
+    """
+    collective = interface_class.collective
+    if collective in REGISTRIES:
+        raise ValueError(f"collective {collective!r} declared twice")
+    if not interface_class.default:
+        raise ValueError(f"the interface of {collective!r} names no default algorithm")
+    REGISTRIES[collective] = {}
+    INTERFACES[collective] = interface_class
+    return interface_class
+
+
+def __getattr__(name):
+    # COLLECTIVES: the registries open now, allreduce's first, then each collective's in
+    # the order its interface was declared.
+    if name == "COLLECTIVES":
+        return tuple(REGISTRIES)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def algorithm_code(name):
@@ -157,6 +195,12 @@ class Algorithm:
     chosen_by_model = False
     #: False for an algorithm ``auto`` never chooses, even where it was measured fastest.
     chosen_by_auto = True
+    #: Read on a collective's interface (:func:`interface`) only: the algorithm where none
+    #: is named, the algorithm that goes with an allreduce algorithm where the names differ
+    #: (``companion``), and the ``hpctrain bench`` plug-in (a :class:`BenchPlugin`).
+    default = ""
+    companions = {}
+    bench = None
 
     def parameters(self, size, options):
         """The validated option values as a tuple of ints, in the order of ``options``."""
@@ -258,23 +302,6 @@ class Algorithm:
         return None if vector is None else machine.time(vector)
 
 
-class AllgatherAlgorithm(Algorithm):
-    """One allgather algorithm (registry ``REGISTRIES["allgather"]``).
-
-    ``run(comm, send, recv, bounds)`` over the private communicator ``comm``: ``send`` and
-    ``recv`` are flat ``uint8`` views (allgather moves bytes, whatever the dtype), in host
-    memory or, where :meth:`device_capable` says so, on a CUDA device; rank ``r``'s block is
-    ``send`` on rank ``r`` and lands at ``recv[bounds[r]:bounds[r + 1]]`` on every rank. It
-    is called with the same ``bounds`` on every rank.
-    """
-
-    collective = "allgather"
-
-    def run(self, comm, send, recv, bounds):
-        """Gather every rank's ``send`` into ``recv`` (see the class docstring)."""
-        raise NotImplementedError
-
-
 @dataclass(frozen=True)
 class Reduction:
     """What a reduce-scatter or reduce algorithm reduces with: the element type, the op
@@ -288,79 +315,64 @@ class Reduction:
     scratch: object
 
 
-class ReduceScatterAlgorithm(Algorithm):
-    """One reduce-scatter algorithm (registry ``REGISTRIES["reducescatter"]``).
+class BenchCommand(NamedTuple):
+    """The command line of one collective's benchmark, ``hpctrain bench <collective>``."""
 
-    ``run(comm, send, recv, bounds, reduction)`` over the private communicator ``comm``:
-    ``send`` is every rank's whole flat transport vector (``bounds[-1]`` elements, which the
-    algorithm may overwrite); ``recv`` gets block ``rank``,
-    ``send[bounds[rank]:bounds[rank + 1]]`` reduced over every rank with
-    ``reduction.reduce``. It is called with the same ``bounds`` on every rank.
+    moves: str                # what the collective moves, for the one-line help
+    size: str                 # what ``size`` is and how busbw is counted
+    buffers: str = "buffers"  # what each algorithm is timed on
+    op: bool = False          # takes -o
+    root: str = ""            # the help of -r/--root, where it takes one
+
+
+@dataclass(frozen=True)
+class BenchPlugin:
+    """What ``hpctrain bench`` needs of one collective, everything that differs from one
+    collective's benchmark to the next: an interface's ``bench``. The shared driver
+    (``hpctrain.bench.driver``) does the rest.
+
+    The functions take ``per`` (one block's elements; a collective whose vector is not cut
+    into blocks: the whole vector's), the ``rank`` and the number of ranks ``p``:
+
+    - ``sizes(per, p)``: the elements of ``(send, recv)``; ``recv`` ``None``: in place;
+    - ``call(algo, send, recv, counts, args, comm)``: a call of no arguments (``counts``:
+      ``per`` for each rank; ``args``: the parsed command line, ``args.op``, ``args.root``);
+    - ``inputs(per, rank, p, data)``: this rank's ``send`` for the correctness pass, made
+      with ``data`` (the driver's ``Exact``: ``data.blocks(per, seeds)``, integers in
+      [-3, 3], a different vector per seed; ``data.zeros(count)``);
+    - ``result(per, rank, p, args, data)``: what ``recv`` must then hold, exactly
+      (``data.reduced(count, op)``: every rank's ``data.blocks(count, [rank])`` reduced).
+
+    Its functions make their data through ``data``, so that declaring one imports no torch:
+    the command line is built from the plug-ins before parsing.
     """
 
-    collective = "reducescatter"
+    command: BenchCommand
+    sizes: Callable
+    call: Callable
+    inputs: Callable
+    result: Callable
+    bus_line: str             # "# busbw = ..." with {factor}, {ranks} and {root} to fill
+    blocks: bool = True       # the vector is cut into p blocks (not broadcast, reduce)
 
-    def workspace(self, size, rank, bounds):
-        """Elements of receive workspace :meth:`run` needs (``reduction.scratch``)."""
-        return 0
+    @property
+    def reduces(self):
+        """It takes an op (``-o``)."""
+        return self.command.op
 
-    def run(self, comm, send, recv, bounds, reduction):
-        """Reduce ``send`` over every rank, this rank's block into ``recv``."""
-        raise NotImplementedError
+    @property
+    def rooted(self):
+        """It takes a root (``--root``)."""
+        return bool(self.command.root)
 
+    def parts(self, ranks):
+        """How many equal parts ``count`` is cut into (``per`` elements each)."""
+        return ranks if self.blocks else 1
 
-class AlltoallAlgorithm(Algorithm):
-    """One alltoall algorithm (registry ``REGISTRIES["alltoall"]``).
-
-    ``run(comm, send, send_bounds, recv, recv_bounds)`` over the private communicator
-    ``comm``, on flat ``uint8`` views: ``send[send_bounds[j]:send_bounds[j + 1]]`` goes to
-    rank ``j``, and what rank ``i`` sends this rank lands at
-    ``recv[recv_bounds[i]:recv_bounds[i + 1]]``. The caller guarantees that the sizes of
-    each pair's block agree on both ranks.
-    """
-
-    collective = "alltoall"
-
-    def run(self, comm, send, send_bounds, recv, recv_bounds):
-        """Send block ``j`` of ``send`` to rank ``j``; receive block ``i`` from rank ``i``."""
-        raise NotImplementedError
-
-
-class BroadcastAlgorithm(Algorithm):
-    """One broadcast algorithm (registry ``REGISTRIES["broadcast"]``).
-
-    ``run(comm, buf, root)`` over the private communicator ``comm``: ``buf`` is a flat
-    ``uint8`` view of the same number of bytes on every rank (broadcast moves bytes,
-    whatever the dtype, at least one); rank ``root``'s bytes land in every rank's ``buf``.
-    """
-
-    collective = "broadcast"
-
-    def run(self, comm, buf, root):
-        """Copy rank ``root``'s ``buf`` into every rank's ``buf``."""
-        raise NotImplementedError
-
-
-class ReduceAlgorithm(Algorithm):
-    """One reduce algorithm (registry ``REGISTRIES["reduce"]``).
-
-    ``run(comm, send, recv, root, reduction)`` over the private communicator ``comm``:
-    ``send`` is every rank's flat transport vector, of one length on every rank (at least
-    one element), which the algorithm may overwrite except on the root; on rank ``root``,
-    ``recv`` (as long as ``send``, not overlapping it) gets ``send`` reduced over every
-    rank with ``reduction.reduce``; on the other ranks ``recv`` is ``None``. It is called
-    with the same length and ``root`` on every rank.
-    """
-
-    collective = "reduce"
-
-    def workspace(self, size, rank, count, root):
-        """Elements of receive workspace :meth:`run` needs (``reduction.scratch``)."""
-        return 0
-
-    def run(self, comm, send, recv, root, reduction):
-        """Reduce every rank's ``send`` into the root's ``recv``."""
-        raise NotImplementedError
+    def bus_factor(self, ranks):
+        """nccl-tests' busbw / algbw: (p-1)/p, the share of the vector each rank receives,
+        where the vector is cut into blocks; 1 where the whole vector crosses a link."""
+        return (ranks - 1) / ranks if self.blocks else 1.0
 
 
 def block_layout(bounds):

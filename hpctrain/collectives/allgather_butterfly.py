@@ -18,7 +18,8 @@ ring's equal-sized steps win for large ones where ``p`` is not a power of two.
 
 import math
 
-from .algorithm import AllgatherAlgorithm, flat_cost, place, register
+from .algorithm import flat_cost, place, register
+from .blocks import AllgatherAlgorithm
 from .butterfly import block_butterfly, hand_over, recursive_doubling_gather
 
 

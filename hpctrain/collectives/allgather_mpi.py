@@ -4,7 +4,8 @@ The library picks its algorithm by size and rank count (Open MPI 4.1: Bruck or r
 doubling for small messages, ring or neighbour exchange for large ones), in C.
 """
 
-from .algorithm import AllgatherAlgorithm, block_layout, register
+from .algorithm import block_layout, register
+from .blocks import AllgatherAlgorithm
 
 
 @register

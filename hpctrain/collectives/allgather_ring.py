@@ -11,7 +11,8 @@ lacks, the lower bound, so the ring wins for large messages; its ``p - 1`` laten
 it lose to the butterfly's ``lg p`` for small ones.
 """
 
-from .algorithm import AllgatherAlgorithm, flat_cost, place, register
+from .algorithm import flat_cost, place, register
+from .blocks import AllgatherAlgorithm
 from .ring import allgather, ring_of_blocks
 
 

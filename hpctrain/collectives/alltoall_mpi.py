@@ -3,7 +3,8 @@
 Open MPI 4.1's ``Alltoallv`` posts every receive and send at once (or goes pairwise), in C.
 """
 
-from .algorithm import AlltoallAlgorithm, block_layout, register
+from .algorithm import block_layout, register
+from .blocks import AlltoallAlgorithm
 
 
 @register

@@ -9,7 +9,8 @@ lower bound on bytes; only a store-and-forward (Bruck) algorithm, ``lg p`` messa
 ``n/2`` bytes each, has fewer latencies, for tiny blocks.
 """
 
-from .algorithm import AlltoallAlgorithm, flat_cost, place, register
+from .algorithm import flat_cost, place, register
+from .blocks import AlltoallAlgorithm
 
 
 @register

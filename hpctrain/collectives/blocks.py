@@ -1,5 +1,8 @@
 """allgather, reduce_scatter, alltoall, broadcast and reduce: the collectives that move
 per-rank blocks (or, broadcast and reduce, one vector from or to a root), algorithm by name.
+Each is declared here in one place: its interface, the class its algorithms subclass
+(``@interface``: its registry, its default algorithm, its companions and its ``hpctrain
+bench`` plug-in), then its call.
 
     from hpctrain.collectives import (allgather, alltoall, broadcast, companion, reduce,
                                       reduce_scatter)
@@ -13,10 +16,10 @@ per-rank blocks (or, broadcast and reduce, one vector from or to a root), algori
 ``counts[r]`` is the number of elements of rank ``r``'s block; blocks lie side by side in
 rank order, rank ``r``'s at ``sum(counts[:r])``. Counts may differ and may be 0.
 
-Each algorithm is a module registered under its collective (``REGISTRIES``): allgather
-``ring``, ``butterfly``, ``mpi``; reduce-scatter ``ring``, ``butterfly``, ``mpi``; alltoall
-``pairwise``, ``mpi``; broadcast ``tree``, ``scatter_allgather``, ``mpi``; reduce ``tree``,
-``mpi``. Their messages move on the communicator context's private duplicate
+Each algorithm is a module registered under its collective's interface (``REGISTRIES``):
+allgather ``ring``, ``butterfly``, ``mpi``; reduce-scatter ``ring``, ``butterfly``, ``mpi``;
+alltoall ``pairwise``, ``mpi``; broadcast ``tree``, ``scatter_allgather``, ``mpi``; reduce
+``tree``, ``mpi``. Their messages move on the communicator context's private duplicate
 (:mod:`.contexts`), each algorithm with tags of its own. allgather, alltoall and broadcast
 move bytes, so they take any dtype; reduce_scatter and reduce take ``DTYPES`` and ``OPS``.
 CUDA tensors go to a CUDA-aware MPI directly or through the context's pinned host buffer
@@ -26,29 +29,69 @@ Unlike :func:`~.driver.allreduce`, these calls make no agreement check: the call
 negotiates sizes (``hpctrain.torch`` does). Arguments wrong on this rank raise a
 ``UsageError`` here, before any message is sent (even the first use of a communicator's
 context, which duplicates it collectively, waits until the arguments are checked).
+
+The bench plug-ins (``hpctrain bench allgather``, ...) cut ``count`` elements into equal
+blocks, ``count / p`` per rank (``count`` rounded down to a multiple of ``p``, as
+nccl-tests does); broadcast and reduce move the whole ``count`` from or to ``--root``.
+``size`` is the whole vector's bytes: allgather's output, reduce-scatter's input,
+alltoall's input on each rank, broadcast's buffer, reduce's input. ``busbw = algbw *
+(p-1)/p`` for the first three (nccl-tests' factor): each rank receives the ``(p-1)/p`` of
+the vector that it does not hold; ``busbw = algbw`` for broadcast and reduce (nccl-tests'
+factor 1): every rank but the root receives (broadcast) or sends on (reduce) the whole
+vector.
 """
 
 import numbers
 import operator
 import sys
+from functools import partial
 from itertools import accumulate
 
-from .algorithm import REGISTRIES, Reduction
+from .algorithm import (INTERFACES, REGISTRIES, Algorithm, BenchCommand, BenchPlugin,
+                        Reduction, interface)
 from .buffers import flatten, flatten_bytes, stage
 from .contexts import context, shape
 from .dtypes import BYTES, OPS, choices
 from .reduce import averager, device_reducer, host_reducer
 from ..errors import UsageError
 
-#: The collectives of this module, as ``REGISTRIES`` names them, and their default algorithm.
-DEFAULTS = {"allgather": "ring", "reducescatter": "ring", "alltoall": "pairwise",
-            "broadcast": "tree", "reduce": "tree"}
-#: collective -> {allreduce algorithm: its companion} where the names differ: the
-#: bandwidth-optimal allreduces go with the bandwidth-optimal broadcast.
-COMPANIONS = {"broadcast": {"ring": "scatter_allgather", "butterfly": "scatter_allgather"}}
+_BLOCKS = "size is the whole vector (p equal blocks); busbw = algbw*(p-1)/p"
+_WHOLE = "size is the whole vector; busbw = algbw (nccl-tests' factor 1)"
 
 
-def allgather(send, recv, counts, algo="ring", comm=None):
+def _blocks_line(vector):
+    return ("# busbw = algbw * (p-1)/p = algbw * {factor:.3f}; size: the whole vector "
+            f"({vector}), {{ranks}} blocks of count/p elements")
+
+
+@interface
+class AllgatherAlgorithm(Algorithm):
+    """One allgather algorithm (registry ``REGISTRIES["allgather"]``).
+
+    ``run(comm, send, recv, bounds)`` over the private communicator ``comm``: ``send`` and
+    ``recv`` are flat ``uint8`` views (allgather moves bytes, whatever the dtype), in host
+    memory or, where :meth:`device_capable` says so, on a CUDA device; rank ``r``'s block is
+    ``send`` on rank ``r`` and lands at ``recv[bounds[r]:bounds[r + 1]]`` on every rank. It
+    is called with the same ``bounds`` on every rank.
+    """
+
+    collective = "allgather"
+    default = "ring"
+    bench = BenchPlugin(
+        BenchCommand("every rank's block to every rank", _BLOCKS),
+        sizes=lambda per, p: (per, per * p),
+        call=lambda algo, send, recv, counts, args, comm: partial(
+            allgather, send, recv, counts, algo, comm),
+        inputs=lambda per, rank, p, data: data.blocks(per, [rank]),
+        result=lambda per, rank, p, args, data: data.blocks(per, range(p)),
+        bus_line=_blocks_line("recv"))
+
+    def run(self, comm, send, recv, bounds):
+        """Gather every rank's ``send`` into ``recv`` (see the class docstring)."""
+        raise NotImplementedError
+
+
+def allgather(send, recv, counts, algo=AllgatherAlgorithm.default, comm=None):
     """Gather every rank's ``send`` into ``recv`` on every rank; return ``recv``.
 
     ``send``: a contiguous NumPy array or torch tensor (its flattened elements) of
@@ -79,7 +122,40 @@ def allgather(send, recv, counts, algo="ring", comm=None):
     return recv
 
 
-def reduce_scatter(send, recv, counts, op="sum", algo="ring", comm=None):
+@interface
+class ReduceScatterAlgorithm(Algorithm):
+    """One reduce-scatter algorithm (registry ``REGISTRIES["reducescatter"]``).
+
+    ``run(comm, send, recv, bounds, reduction)`` over the private communicator ``comm``:
+    ``send`` is every rank's whole flat transport vector (``bounds[-1]`` elements, which the
+    algorithm may overwrite); ``recv`` gets block ``rank``,
+    ``send[bounds[rank]:bounds[rank + 1]]`` reduced over every rank with
+    ``reduction.reduce``. It is called with the same ``bounds`` on every rank.
+    """
+
+    collective = "reducescatter"
+    default = "ring"
+    bench = BenchPlugin(
+        BenchCommand("reduce, each rank keeping its block", _BLOCKS, op=True),
+        sizes=lambda per, p: (per * p, per),
+        call=lambda algo, send, recv, counts, args, comm: partial(
+            reduce_scatter, send, recv, counts, args.op, algo, comm),
+        inputs=lambda per, rank, p, data: data.blocks(per * p, [rank]),
+        result=lambda per, rank, p, args, data:
+            data.reduced(per * p, args.op)[rank * per:(rank + 1) * per],
+        bus_line=_blocks_line("send"))
+
+    def workspace(self, size, rank, bounds):
+        """Elements of receive workspace :meth:`run` needs (``reduction.scratch``)."""
+        return 0
+
+    def run(self, comm, send, recv, bounds, reduction):
+        """Reduce ``send`` over every rank, this rank's block into ``recv``."""
+        raise NotImplementedError
+
+
+def reduce_scatter(send, recv, counts, op="sum", algo=ReduceScatterAlgorithm.default,
+                   comm=None):
     """Reduce ``send`` over every rank with ``op``; block ``rank`` of the result goes to
     ``recv``. Returns ``recv``.
 
@@ -125,7 +201,36 @@ def reduce_scatter(send, recv, counts, op="sum", algo="ring", comm=None):
     return recv
 
 
-def alltoall(send, sendcounts, recv, recvcounts, algo="pairwise", comm=None):
+@interface
+class AlltoallAlgorithm(Algorithm):
+    """One alltoall algorithm (registry ``REGISTRIES["alltoall"]``).
+
+    ``run(comm, send, send_bounds, recv, recv_bounds)`` over the private communicator
+    ``comm``, on flat ``uint8`` views: ``send[send_bounds[j]:send_bounds[j + 1]]`` goes to
+    rank ``j``, and what rank ``i`` sends this rank lands at
+    ``recv[recv_bounds[i]:recv_bounds[i + 1]]``. The caller guarantees that the sizes of
+    each pair's block agree on both ranks.
+    """
+
+    collective = "alltoall"
+    default = "pairwise"
+    # The block rank i sends rank j is data.blocks(per, [i * p + j]).
+    bench = BenchPlugin(
+        BenchCommand("block j of every rank to rank j", _BLOCKS),
+        sizes=lambda per, p: (per * p, per * p),
+        call=lambda algo, send, recv, counts, args, comm: partial(
+            alltoall, send, counts, recv, counts, algo, comm),
+        inputs=lambda per, rank, p, data: data.blocks(per, (rank * p + j for j in range(p))),
+        result=lambda per, rank, p, args, data:
+            data.blocks(per, (i * p + rank for i in range(p))),
+        bus_line=_blocks_line("send, on each rank"))
+
+    def run(self, comm, send, send_bounds, recv, recv_bounds):
+        """Send block ``j`` of ``send`` to rank ``j``; receive block ``i`` from rank ``i``."""
+        raise NotImplementedError
+
+
+def alltoall(send, sendcounts, recv, recvcounts, algo=AlltoallAlgorithm.default, comm=None):
     """Send block ``j`` of ``send`` to rank ``j``; receive rank ``i``'s block for this rank
     into block ``i`` of ``recv``. Returns ``recv``.
 
@@ -159,7 +264,37 @@ def alltoall(send, sendcounts, recv, recvcounts, algo="pairwise", comm=None):
     return recv
 
 
-def broadcast(buf, root=0, algo="tree", comm=None):
+@interface
+class BroadcastAlgorithm(Algorithm):
+    """One broadcast algorithm (registry ``REGISTRIES["broadcast"]``).
+
+    ``run(comm, buf, root)`` over the private communicator ``comm``: ``buf`` is a flat
+    ``uint8`` view of the same number of bytes on every rank (broadcast moves bytes,
+    whatever the dtype, at least one); rank ``root``'s bytes land in every rank's ``buf``.
+    """
+
+    collective = "broadcast"
+    default = "tree"
+    # The bandwidth-optimal allreduces go with the bandwidth-optimal broadcast.
+    companions = {"ring": "scatter_allgather", "butterfly": "scatter_allgather"}
+    bench = BenchPlugin(
+        BenchCommand("root's vector to every rank", _WHOLE, buffers="buffer",
+                     root="the rank whose vector is broadcast"),
+        sizes=lambda per, p: (per, None),
+        call=lambda algo, send, recv, counts, args, comm: partial(
+            broadcast, send, args.root, algo, comm),
+        inputs=lambda per, rank, p, data: data.blocks(per, [rank]),
+        result=lambda per, rank, p, args, data: data.blocks(per, [args.root]),
+        bus_line="# busbw = algbw (factor 1, as nccl-tests' broadcast); size: the whole "
+                 "vector, from root {root}",
+        blocks=False)
+
+    def run(self, comm, buf, root):
+        """Copy rank ``root``'s ``buf`` into every rank's ``buf``."""
+        raise NotImplementedError
+
+
+def broadcast(buf, root=0, algo=BroadcastAlgorithm.default, comm=None):
     """Copy rank ``root``'s ``buf`` into ``buf`` on every rank; return ``buf``.
 
     ``buf``: a contiguous NumPy array or torch tensor (its flattened elements), any dtype,
@@ -189,7 +324,49 @@ def broadcast(buf, root=0, algo="tree", comm=None):
     return buf
 
 
-def reduce(send, recv, op="sum", root=0, algo="tree", comm=None):
+def _rooted_result(per, rank, args, data):
+    """reduce's ``recv``: the reduced vector on the root; elsewhere the zeros it was made
+    with, untouched."""
+    return data.reduced(per, args.op) if rank == args.root else data.zeros(per)
+
+
+@interface
+class ReduceAlgorithm(Algorithm):
+    """One reduce algorithm (registry ``REGISTRIES["reduce"]``).
+
+    ``run(comm, send, recv, root, reduction)`` over the private communicator ``comm``:
+    ``send`` is every rank's flat transport vector, of one length on every rank (at least
+    one element), which the algorithm may overwrite except on the root; on rank ``root``,
+    ``recv`` (as long as ``send``, not overlapping it) gets ``send`` reduced over every
+    rank with ``reduction.reduce``; on the other ranks ``recv`` is ``None``. It is called
+    with the same length and ``root`` on every rank.
+    """
+
+    collective = "reduce"
+    default = "tree"
+    # Every rank has a recv, as in nccl-tests; off the root it must come back untouched.
+    bench = BenchPlugin(
+        BenchCommand("every rank's vector reduced into root's", _WHOLE, op=True,
+                     root="the rank that receives the result"),
+        sizes=lambda per, p: (per, per),
+        call=lambda algo, send, recv, counts, args, comm: partial(
+            reduce, send, recv, args.op, args.root, algo, comm),
+        inputs=lambda per, rank, p, data: data.blocks(per, [rank]),
+        result=lambda per, rank, p, args, data: _rooted_result(per, rank, args, data),
+        bus_line="# busbw = algbw (factor 1, as nccl-tests' reduce); size: the whole "
+                 "vector, to root {root}",
+        blocks=False)
+
+    def workspace(self, size, rank, count, root):
+        """Elements of receive workspace :meth:`run` needs (``reduction.scratch``)."""
+        return 0
+
+    def run(self, comm, send, recv, root, reduction):
+        """Reduce every rank's ``send`` into the root's ``recv``."""
+        raise NotImplementedError
+
+
+def reduce(send, recv, op="sum", root=0, algo=ReduceAlgorithm.default, comm=None):
     """Reduce ``send`` over every rank with ``op`` into ``recv`` on rank ``root``; return
     ``recv`` (on every rank: on the others, whatever they passed, untouched).
 
@@ -252,17 +429,19 @@ def root_buffer(recv, root, count, dtype, device):
 
 def companion(collective, allreduce_algo):
     """The algorithm of ``collective`` (``allgather``, ``reducescatter``, ``alltoall``,
-    ``broadcast`` or ``reduce``) that goes with the allreduce algorithm ``allreduce_algo``:
-    the one of the same name where there is one (``ring``, ``butterfly``, ``mpi``;
+    ``broadcast``, ``reduce`` or any other declared with ``@interface``) that goes with the
+    allreduce algorithm ``allreduce_algo``: the one its interface's ``companions`` names,
+    else the one of the same name where there is one (``ring``, ``butterfly``, ``mpi``;
     broadcast: ``tree``, ``mpi``, and ``scatter_allgather`` for ``ring`` and ``butterfly``;
-    reduce: ``tree``, ``mpi``), else the collective's default (``ring``; ``pairwise`` for
+    reduce: ``tree``, ``mpi``), else the interface's ``default`` (``ring``; ``pairwise`` for
     alltoall; ``tree`` for broadcast and reduce) — for ``ps``, ``ps-sharded``,
     ``hierarchical``, ``horovod``, ``auto`` and any other name."""
-    if collective not in DEFAULTS:
+    declared = INTERFACES.get(collective)
+    if declared is None:
         raise UsageError(f"companion: unknown collective {collective!r}; valid choices: "
-                         f"{choices(DEFAULTS)}")
-    name = COMPANIONS.get(collective, {}).get(allreduce_algo, allreduce_algo)
-    return name if name in REGISTRIES[collective] else DEFAULTS[collective]
+                         f"{choices(INTERFACES)}")
+    name = declared.companions.get(allreduce_algo, allreduce_algo)
+    return name if name in REGISTRIES[collective] else declared.default
 
 
 def lookup(collective, algo):

@@ -22,7 +22,8 @@ import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from .algorithm import BroadcastAlgorithm, chunk_bounds, flat_cost, register
+from .algorithm import chunk_bounds, flat_cost, register
+from .blocks import BroadcastAlgorithm
 from .ring import RingSchedule, ring_over
 from .tree import tree_schedule
 

@@ -13,7 +13,8 @@ scatter + allgather (:mod:`.broadcast_scatter_allgather`) sends ``2n(p-1)/p`` in
 
 import math
 
-from .algorithm import BroadcastAlgorithm, flat_cost, register
+from .algorithm import flat_cost, register
+from .blocks import BroadcastAlgorithm
 from .tree import broadcast, tree_schedule
 
 

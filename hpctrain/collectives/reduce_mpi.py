@@ -5,7 +5,8 @@ C. float16 and bfloat16 travel as 16-bit integers reduced by a Python callback
 (:func:`.mpi.mpi_op`), as for allreduce.
 """
 
-from .algorithm import ReduceAlgorithm, register
+from .algorithm import register
+from .blocks import ReduceAlgorithm
 from .dtypes import mpi_datatype
 from .mpi import mpi_op
 

@@ -19,7 +19,8 @@ about ``n(p-1)/p`` each (not written yet).
 
 import math
 
-from .algorithm import ReduceAlgorithm, flat_cost, place, register
+from .algorithm import flat_cost, place, register
+from .blocks import ReduceAlgorithm
 from .tree import reduce, tree_schedule
 
 

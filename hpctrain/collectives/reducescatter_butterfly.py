@@ -19,7 +19,8 @@ latencies).
 
 import math
 
-from .algorithm import ReduceScatterAlgorithm, flat_cost, register
+from .algorithm import flat_cost, register
+from .blocks import ReduceScatterAlgorithm
 from .butterfly import block_butterfly, hand_over, recursive_halving
 
 

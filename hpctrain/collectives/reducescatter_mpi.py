@@ -4,7 +4,8 @@ Open MPI 4.1 picks recursive halving or a ring by size, in C. float16 and bfloat
 as 16-bit integers reduced by a Python callback (:func:`.mpi.mpi_op`), as for allreduce.
 """
 
-from .algorithm import ReduceScatterAlgorithm, block_layout, register
+from .algorithm import block_layout, register
+from .blocks import ReduceScatterAlgorithm
 from .dtypes import mpi_datatype
 from .mpi import mpi_op
 

@@ -11,7 +11,8 @@ Every rank sends and reduces ``n(p-1)/p`` bytes, the lower bound: the ring wins 
 messages and loses to the butterfly's ``lg p`` latencies for small ones.
 """
 
-from .algorithm import ReduceScatterAlgorithm, flat_cost, register
+from .algorithm import flat_cost, register
+from .blocks import ReduceScatterAlgorithm
 from .ring import reduce_scatter, ring_of_blocks
 
 
