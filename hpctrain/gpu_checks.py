@@ -4,8 +4,9 @@ fix, instead of a segmentation fault or a traceback from deep inside Horovod or 
 Each check comes in two parts: a pure function of plain facts (``*_problem``: the message,
 or ``None`` when all is well), tested without a GPU, and a ``check_*`` function that gathers
 the facts from torch, Horovod and MPI and raises :class:`~hpctrain.errors.UsageError`
-(local checks, which the caller runs inside :func:`hpctrain.runtime.checks`) or, after a
-collective that told every rank, the same :class:`~hpctrain.errors.Verdict` on every rank.
+(local checks, which the caller runs inside :func:`hpctrain.runtime.checks`) or, after the
+collective that tells every rank every rank's problem (:func:`hpctrain.runtime.agree`'s),
+the same :class:`~hpctrain.errors.Verdict` on every rank.
 Under ``python -m hpctrain`` either ends the whole job with status 2, so no rank is left
 waiting for one that stopped here.
 """
@@ -13,7 +14,8 @@ waiting for one that stopped here.
 import os
 
 from .devices import ranks_on_node
-from .errors import UsageError, Verdict
+from .errors import UsageError
+from .runtime import common_verdict
 
 #: The first NCCL release said to accept two ranks on one GPU; older ones refuse it at
 #: ``ncclCommInitRank`` ("invalid usage"), as NCCL 2.28 does.
@@ -105,29 +107,32 @@ def nccl_shared_gpu_problem(nccl_version, ranks_on_node, gpus_on_node, option):
             f"over a CUDA-aware MPI, which lets ranks share a GPU")
 
 
-def horovod_cuda_reason(comm, option="--allreduce horovod with --device cuda"):
-    """Why the installed Horovod cannot reduce CUDA tensors with the ranks of ``comm`` placed
-    as they are, or ``None``; the same answer on every rank (a rank's own problem is named
-    with its rank). Call it before ``hvd.init``, after each rank has chosen its GPU.
+def horovod_cuda_verdict(comm, option="--allreduce horovod with --device cuda"):
+    """The :class:`~hpctrain.errors.Verdict` on why the installed Horovod cannot reduce CUDA
+    tensors with the ranks of ``comm`` placed as they are, or ``None``; the same on every
+    rank (a problem not every rank found names its ranks). Call it before ``hvd.init``,
+    after each rank has chosen its GPU.
 
     Synchronisation point: collective over ``comm`` (a shared-memory split counts the ranks
-    on each node, and one allgather shares the verdicts), so every rank must call it."""
-    on_node = ranks_on_node(comm)
-    problem = _horovod_problem(comm, on_node, option)
-    problems = comm.allgather(problem)      # every rank learns every rank's verdict
-    for rank, found in enumerate(problems):
-        if found:
-            # Another rank's problem (e.g. a node with more ranks than GPUs) names that rank.
-            return found if found == problem else f"rank {rank}: {found}"
-    return None
+    on each node, and one allgather shares the problems), so every rank must call it."""
+    problem = _horovod_problem(comm, ranks_on_node(comm), option)
+    return common_verdict(comm, problem)
+
+
+def horovod_cuda_reason(comm, option="--allreduce horovod with --device cuda"):
+    """:func:`horovod_cuda_verdict` as one line (its problems joined by ``; ``), or
+    ``None``: for a caller that goes on without Horovod and says why. Synchronisation
+    point, as that function."""
+    verdict = horovod_cuda_verdict(comm, option)
+    return None if verdict is None else "; ".join(verdict.lines())
 
 
 def check_horovod_cuda(comm, option="--allreduce horovod with --device cuda"):
-    """Raise the same ``Verdict`` on every rank if :func:`horovod_cuda_reason` finds a
-    reason. Synchronisation point, as that function."""
-    reason = horovod_cuda_reason(comm, option)
-    if reason:
-        raise Verdict.everywhere(reason, comm)
+    """Raise the same ``Verdict`` on every rank if :func:`horovod_cuda_verdict` finds a
+    problem. Synchronisation point, as that function."""
+    verdict = horovod_cuda_verdict(comm, option)
+    if verdict is not None:
+        raise verdict
 
 
 def _horovod_problem(comm, on_node, option):

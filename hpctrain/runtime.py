@@ -8,8 +8,11 @@ rank prints that rank's traceback and calls ``MPI_Abort`` on ``COMM_WORLD``, whi
 launcher (mpirun or srun) kill every rank within seconds.
 
 Bad input is different: it is found before work starts, and it is not one rank's failure.
-:func:`checks` runs a block of local checks on every rank and ends it with one collective,
-:func:`agree`, after which every rank holds the same :class:`~hpctrain.errors.Verdict`.
+The ranks agree on it in one way: every rank's problem, one collective, the same
+:class:`~hpctrain.errors.Verdict` on every rank. :func:`checks` runs a block of local
+checks on every rank and ends it with that collective, :func:`agree`;
+:func:`agree_with_root` does the same for a value that every rank must share with rank 0;
+:func:`common_verdict` returns the verdict for a caller that decides what to do with it.
 Rank 0 prints each problem once and every rank exits with status 2 through
 ``MPI_Finalize``: the same output every run, whichever rank got there first.
 """
@@ -41,9 +44,10 @@ def mpi_initialized():
     return mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized()
 
 
-def agree(comm, problem=None):
-    """Collective: tell every rank of ``comm`` every rank's ``problem`` (a ``UsageError`` or
-    None); if any rank has one, raise the same :class:`Verdict` on every rank.
+def common_verdict(comm, problem=None):
+    """Collective: tell every rank of ``comm`` every rank's ``problem`` (a ``UsageError``, a
+    message or None); return the same :class:`Verdict` on every rank if any rank has one,
+    else None.
 
     Synchronisation point: one ``allgather`` of a short message (or None) per rank.
     """
@@ -52,8 +56,42 @@ def agree(comm, problem=None):
     for rank, message in enumerate(found):
         if message is not None:
             problems.setdefault(message, []).append(rank)
-    if problems:
-        raise Verdict(problems.items(), comm.Get_size(), comm.Get_rank())
+    return Verdict(problems.items(), comm.Get_size(), comm.Get_rank()) if problems else None
+
+
+def agree(comm, problem=None):
+    """Collective: :func:`common_verdict`, raised on every rank if any rank has a problem.
+
+    Synchronisation point: one ``allgather``, as :func:`common_verdict`.
+    """
+    verdict = common_verdict(comm, problem)
+    if verdict is not None:
+        raise verdict
+
+
+def differ_from_root(comm, value):
+    """Collective: every rank's ``value`` (a list in rank order) and the ranks whose value
+    differs from rank 0's, the same on every rank.
+
+    Synchronisation point: one ``allgather`` of ``value`` per rank.
+    """
+    values = comm.allgather(value)
+    return values, [rank for rank, other in enumerate(values) if other != values[0]]
+
+
+def agree_with_root(comm, value, problem):
+    """Collective: rank 0's ``value``, once every rank of ``comm`` holds an equal one;
+    otherwise the same :class:`Verdict` on every rank, ``problem(rank 0's value)`` found by
+    the ranks whose value differs (the verdict names them).
+
+    For what every rank must share before it may go on (a start position, a model's
+    layout): a rank that went on with another would hang or mix data in a later collective.
+    Synchronisation point: one ``allgather``, as :func:`differ_from_root`.
+    """
+    values, differ = differ_from_root(comm, value)
+    if differ:
+        raise Verdict([(problem(values[0]), differ)], comm.Get_size(), comm.Get_rank())
+    return values[0]
 
 
 @contextlib.contextmanager

@@ -27,7 +27,7 @@ from .. import faults
 from ..torch.buckets import FlatBuffer
 from .nonfinite import NonFiniteError, verdict
 from .regimes import Regime
-from .replicas import broadcast_model, broadcast_optimizer
+from .replicas import broadcast_model, start_from_root
 
 SERVER = 0
 TAG_PUSH, TAG_GRAD, TAG_VERSION, TAG_WEIGHTS = 31, 32, 33, 34
@@ -49,8 +49,7 @@ class AsyncServerRegime(Regime):
 
     def broadcast_initial(self):
         """Collective: every rank takes the server's weights and optimizer state."""
-        broadcast_model(self.model, self.comm, SERVER)
-        broadcast_optimizer(self.optimizer, self.comm, SERVER)
+        start_from_root(self.model, self.optimizer, self.comm, SERVER)
 
     def train_epoch(self, run, sums, progress):
         """Serve (rank 0) or work (others) until every worker has finished the epoch; add

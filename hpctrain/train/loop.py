@@ -29,7 +29,6 @@ waited for longer than ``stall_warning`` seconds and aborts the job after ``stal
 import dataclasses
 import math
 import random
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,8 +41,8 @@ from .. import elastic as job
 from .. import faults
 from ..data import HDF5Dataset, digits, split_indices
 from ..data.torch_dataset import TorchDataset
-from ..errors import UsageError, Verdict
-from ..runtime import checks
+from ..errors import UsageError
+from ..runtime import agree_with_root, checks
 from ..sampler import shard_indices
 from ..torch.engine import ProcessFailure, process_failure
 from ..watchdog import StallWatchdog
@@ -51,6 +50,9 @@ from . import build, checkpoint, header, replicas, report, resume
 from .config import checkpoint_interval
 from .nonfinite import NonFiniteError, describe, verdict
 from .schedule import WarmupSchedule, target_lr
+from ..log import logger
+
+LOG = logger()
 
 
 @dataclass
@@ -275,8 +277,10 @@ class Run:
         self.schedule = WarmupSchedule(config.lr, lr, round(config.warmup_epochs * per_epoch),
                                        config.epochs * per_epoch, config.lr_decay)
         step, sums = 0, EpochSums()
-        if saved is not None:
-            with checks(self.comm):   # every rank loads the same file: they agree on it
+        # On every rank, with a checkpoint or without: ranks that found different ones are
+        # told so by the check after it, in the same order of collectives.
+        with checks(self.comm):
+            if saved is not None:
                 step, sums = self._restore(saved, resume_path)
         self.position = Position(step, start=step, max_steps=config.max_steps)
         self._check_same_start(resume_path)
@@ -297,10 +301,6 @@ class Run:
 
     # --- start-up ---------------------------------------------------------------------------
 
-    def _log(self, text):
-        if self.rank == 0:
-            print(text, file=sys.stderr, flush=True)
-
     def _restore(self, saved, path):
         try:
             self.model.load_state_dict(saved["model"])
@@ -315,19 +315,16 @@ class Run:
         return step, sums
 
     def _check_same_start(self, resume_path):
-        """Collective: every rank starts at the same position (one allgather).
+        """Collective: every rank starts at rank 0's position (one allgather).
 
         Ranks that found different checkpoints (``--resume auto`` with a run directory that
         is not on a shared file system) would run different numbers of steps and hang in a
-        collective; they fail together here instead.
+        collective; they stop together here instead, with the same ``Verdict``.
         """
         start = (str(resume_path), self.data.sampler.state_dict(), self.position.step)
-        starts = self.comm.allgather(start)
-        differ = [r for r, other in enumerate(starts) if other != starts[0]]
-        if differ:
-            raise Verdict.everywhere(f"ranks {differ} start elsewhere than rank 0 ({starts[0]})"
-                                     f": is the run directory on a file system all ranks "
-                                     f"share?", self.comm)
+        agree_with_root(self.comm, start, lambda root: (
+            f"a start other than rank 0's {root}: is the run directory on a file system all "
+            f"ranks share?"))
 
     # --- training ----------------------------------------------------------------------------
 
@@ -441,8 +438,8 @@ class Run:
             raise NonFiniteError(f"{what} at {where}: stopping (--nonfinite error); "
                                  f"--nonfinite skip skips such updates instead")
         self.position.skipped += 1
-        self._log(f"[hpctrain] {what} at {where}: update skipped on every rank "
-                  f"(--nonfinite skip; {self.position.skipped} skipped so far)")
+        LOG.warning(f"{what} at {where}: update skipped on every rank (--nonfinite skip; "
+                    f"{self.position.skipped} skipped so far)")
         return False
 
     def _end_epoch(self):

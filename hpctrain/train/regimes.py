@@ -46,8 +46,9 @@ from torch import nn
 
 from .. import faults
 from ..collectives.dtypes import NUMPY_DTYPES, mpi_datatype
+from ..runtime import agree_with_root
 from ..sampler import shard_indices
-from .replicas import broadcast_model, broadcast_optimizer
+from .replicas import start_from_root
 
 
 @dataclass(frozen=True)
@@ -92,9 +93,10 @@ class AllreduceRegime(Regime):
     """Average gradients with :class:`hpctrain.torch.DistributedOptimizer` (any algorithm).
 
     The same gradient path as any user script: ``hpctrain.torch`` is started over the run's
-    ranks with ``allreduce=algo`` (``horovod`` hands the optimizer to the real Horovod),
-    parameters and optimizer state come from rank 0 by ``broadcast_parameters`` and
-    ``broadcast_optimizer_state``. ``comm_seconds`` is NaN under Horovod, which hides it.
+    ranks with ``allreduce=algo`` (``horovod`` hands the optimizer to the real Horovod).
+    Parameters and optimizer state come from rank 0 as in every regime
+    (:func:`~hpctrain.train.replicas.start_from_root`). ``comm_seconds`` is NaN under
+    Horovod, which hides it.
     """
 
     def __init__(self, model, make_optimizer, comm, *, algo, bucket_mb, overlap):
@@ -136,12 +138,9 @@ class AllreduceRegime(Regime):
 
     def broadcast_initial(self):
         """Collective: every rank takes rank 0's weights and optimizer state."""
-        self.hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
-        # A fresh optimizer has no state; Horovod would create it by a step with zero
-        # gradients, which changes Adam's step count and weights under weight decay.
-        # Every rank reaches the same decision: all of them loaded the same checkpoint.
-        if self.optimizer.state_dict()["state"]:
-            self.hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
+        # Over the run's ranks, as every regime does, not through hpctrain.torch's engine
+        # (or Horovod): nothing is being reduced yet, so no negotiation is needed.
+        start_from_root(self.model, self.optimizer, self.comm)
 
     def step(self, may_update=bool):
         """Collective: wait for the averaged gradients, then step; a :class:`StepResult`."""
@@ -184,18 +183,17 @@ class AllreduceRegime(Regime):
 
 
 def check_same_buckets(buckets, comm):
-    """Collective: raise on every rank unless all ranks cut the same buckets.
+    """Collective: the same ``Verdict`` on every rank unless all ranks cut rank 0's buckets.
 
     Equal layouts are what makes every rank's bucket collectives match; a rank with another
-    model (another --hidden, a different code version) would otherwise hang or mix data.
+    model (another --hidden, another data file's shapes, a different code version) would
+    otherwise hang or mix data.
     """
     layout = [(b.flat.numel(), str(b.flat.dtype), zlib.crc32("\n".join(b.names).encode()))
               for b in buckets]
-    layouts = comm.allgather(layout)
-    differ = [r for r, other in enumerate(layouts) if other != layouts[0]]
-    if differ:
-        raise RuntimeError(f"ranks {differ} cut other gradient buckets than rank 0 "
-                           f"({len(layouts[0])} buckets): do all ranks build the same model?")
+    agree_with_root(comm, layout, lambda root: (
+        f"gradient buckets other than rank 0's ({len(root)} buckets): do all ranks build the "
+        f"same model?"))
 
 
 class _BucketRegime(Regime):
@@ -268,8 +266,7 @@ class _BucketRegime(Regime):
 
     def broadcast_initial(self):
         """Collective: every rank takes rank 0's weights and optimizer state."""
-        broadcast_model(self.model, self.comm)
-        broadcast_optimizer(self.optimizer, self.comm)
+        start_from_root(self.model, self.optimizer, self.comm)
 
     def close(self):
         """Remove the hooks, stop the thread, free the communicator."""
@@ -365,7 +362,7 @@ class ShardedServerRegime(_BucketRegime):
 
     def broadcast_initial(self):
         """Collective: rank 0's weights to all; each shard takes rank 0's shard state."""
-        broadcast_model(self.model, self.comm)
+        start_from_root(self.model, None, self.comm)
         self.shards = [nn.Parameter(self._flat_weights(b)[mine].clone())
                        for b, (_, _, mine) in zip(self.reducer.buckets, self.layout)]
         self.optimizer = self._make_optimizer(self.shards)

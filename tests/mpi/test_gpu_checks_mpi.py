@@ -6,7 +6,7 @@ import pytest
 
 from conftest import all_ranks
 from hpctrain import devices, gpu_checks
-from hpctrain.errors import UsageError
+from hpctrain.errors import Verdict
 
 pytestmark = pytest.mark.mpi
 
@@ -21,14 +21,27 @@ def test_ranks_on_node_counts_this_nodes_ranks(comm):
 @pytest.mark.parametrize("culprit", [0, -1])
 def test_one_ranks_problem_reaches_every_rank_named_by_rank(comm, monkeypatch, culprit):
     culprit %= comm.size
-    mine = f"problem of rank {comm.rank}"
     monkeypatch.setattr(gpu_checks, "_horovod_problem",
-                        lambda c, on_node, option: mine if comm.rank == culprit else None)
+                        lambda c, on_node, option: "problem" if comm.rank == culprit else None)
     reason = gpu_checks.horovod_cuda_reason(comm, "x")
-    want = mine if comm.rank == culprit else f"rank {culprit}: problem of rank {culprit}"
+    # The same words on every rank; the culprit is named unless it is every rank.
+    want = "problem" if comm.size == 1 else f"problem (rank {culprit} of {comm.size})"
     all_ranks(comm, reason == want, [f"got {reason!r}, want {want!r}"])
-    with pytest.raises(UsageError):            # on every rank, in the same call
+    with pytest.raises(Verdict) as raised:     # on every rank, in the same call
         gpu_checks.check_horovod_cuda(comm, "x")
+    all_ranks(comm, raised.value.problems == [("problem", [culprit])],
+              [f"got {raised.value.problems}"])
+
+
+def test_every_distinct_problem_is_named_once_with_its_ranks(comm, monkeypatch):
+    # Two kinds of node: rank 0 finds one problem, every other rank another.
+    monkeypatch.setattr(gpu_checks, "_horovod_problem",
+                        lambda c, on_node, option: f"kind {min(comm.rank, 1)}")
+    reason = gpu_checks.horovod_cuda_reason(comm, "x")
+    others = ", ".join(map(str, range(1, comm.size)))
+    want = {1: "kind 0", 2: "kind 0 (rank 0 of 2); kind 1 (rank 1 of 2)"}.get(
+        comm.size, f"kind 0 (rank 0 of {comm.size}); kind 1 (ranks {others} of {comm.size})")
+    all_ranks(comm, reason == want, [f"got {reason!r}, want {want!r}"])
 
 
 def test_no_problem_anywhere_is_none_everywhere(comm, monkeypatch):

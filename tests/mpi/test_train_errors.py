@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hpctrain.errors import UsageError
+from hpctrain.errors import UsageError, Verdict
 from hpctrain.train import TrainConfig, train
 
 from conftest import SyntheticData
@@ -42,13 +42,35 @@ def test_bad_input_raises_usage_error_on_every_rank(comm, config, change, match)
 
 
 @pytest.mark.mpi(min_size=2)
-def test_ranks_with_different_models_fail_together(comm, config):
-    # Only the last rank builds another model: the initial broadcast's agreement check
-    # catches it before any collective could pair buffers of different sizes.
+@pytest.mark.parametrize("regime", ["allreduce", "ps", "ps-sharded", "async-ps"])
+def test_ranks_with_different_models_fail_together(comm, config, regime):
+    # Only the last rank builds another model: the servers' bucket check, or the initial
+    # broadcast's layout check, catches it before any collective could pair buffers of
+    # different sizes, with one Verdict that names the rank.
     hidden = 9 if comm.rank == comm.size - 1 else 8
-    config = dataclasses.replace(config, hidden=hidden)
-    assert raises_everywhere(comm, config, RuntimeError,
-                             "ranks made the same collective with different arguments")
+    config = dataclasses.replace(config, hidden=hidden, regime=regime)
+    assert raises_everywhere(comm, config, Verdict,
+                             rf"do all ranks build the same model\? "
+                             rf"\(rank {comm.size - 1} of {comm.size}\)")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_ranks_that_resume_different_checkpoints_fail_together(comm, config):
+    # --resume auto over a run directory that is not shared: the last rank finds no
+    # checkpoint and would start anew while the others resume.
+    last = comm.rank == comm.size - 1
+    first = dataclasses.replace(config, run_dir=f"{config.run_dir}/{'last' if last else 'all'}",
+                                checkpoint_every="1")
+    others = comm.Split(int(last))
+    if not last:
+        train(first, others)
+    others.Free()
+    comm.Barrier()
+    resumed = dataclasses.replace(first, epochs=2, resume="auto")
+    assert raises_everywhere(comm, resumed, Verdict,
+                             rf"a start other than rank 0's .*: is the run directory on a file "
+                             rf"system all ranks share\? \(rank {comm.size - 1} of "
+                             rf"{comm.size}\)")
 
 
 def _bad_files(root):

@@ -10,6 +10,7 @@ import torch
 from mpi4py import MPI
 
 from hpctrain import faults
+from hpctrain.errors import Verdict
 from hpctrain.train import TrainConfig, train
 from hpctrain.train.nonfinite import NonFiniteError
 
@@ -100,7 +101,7 @@ def test_without_the_check_a_diverged_replica_is_caught_at_the_end(comm, config,
 def test_a_failed_start_stops_the_watchdog_thread(comm, config):
     # The last rank builds another model: every rank raises after the watchdog started.
     hidden = 9 if comm.rank == comm.size - 1 else 8
-    with pytest.raises(RuntimeError, match="different arguments"):
+    with pytest.raises(Verdict, match="do all ranks build the same model"):
         train(dataclasses.replace(config, hidden=hidden), comm)
     assert comm.allreduce(not _watchdog_threads(), op=MPI.LAND)
 
