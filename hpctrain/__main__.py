@@ -2,6 +2,7 @@
 
 import sys
 
+from . import log
 from .cli import parse_args
 from .runtime import run_guarded
 
@@ -9,7 +10,14 @@ from .runtime import run_guarded
 def main(argv=None):
     """Parse the command line and run the subcommand; a failure on any rank ends the job."""
     args = parse_args(argv)
-    return run_guarded(args.func, args)
+    return run_guarded(_checked(args.func), args)
+
+
+def _checked(func):
+    def run(args):
+        log.check()             # a bad HPCTRAIN_LOG_* value is bad input, like a bad option
+        return func(args)
+    return run
 
 
 if __name__ == "__main__":

@@ -29,6 +29,9 @@ import time
 from pathlib import Path
 
 from .data.atomic import atomic_path
+from .log import logger
+
+LOG = logger("hpctrain.elastic")
 
 #: The state folder of the job (set by the launcher; a script may set it itself).
 ENV_DIR = "HPCTRAIN_ELASTIC_DIR"
@@ -137,11 +140,12 @@ def survivors(comm):
     least = int_setting(ENV_MIN_NP, 1)
     if rank == 0:
         log_event(state_dir(), "shrunk", before=before, after=size)
-        print(f"[hpctrain.elastic] lost {before - size} rank(s): going on with {size} of "
-              f"{before} from the last commit" if size >= least else
-              f"[hpctrain.elastic] error: lost {before - size} rank(s); {size} left is fewer "
-              f"than the minimum of {least} ({ENV_MIN_NP}, --min-np): ending the job",
-              file=sys.stdout if size >= least else sys.stderr, flush=True)
+        if size >= least:
+            LOG.info(f"lost {before - size} rank(s): going on with {size} of {before} from "
+                     f"the last commit")
+        else:
+            LOG.error(f"lost {before - size} rank(s); {size} left is fewer than the minimum "
+                      f"of {least} ({ENV_MIN_NP}, --min-np): ending the job")
     if size < least:
         sys.exit(EXIT_TOO_FEW)
     return shrunk

@@ -13,11 +13,15 @@ It needs ``MPI_THREAD_MULTIPLE`` (mpi4py asks for it by default); without it the
 off, with a warning, rather than risking a crash.
 """
 
-import sys
+import logging
 import threading
 import time
 
 import numpy as np
+
+from .log import logger
+
+LOG = logger()
 
 TAG = 7201
 POLL = 0.05  # s between checks on rank 0
@@ -35,11 +39,10 @@ class StallWatchdog:
         threaded = MPI.Query_thread() == MPI.THREAD_MULTIPLE
         self.enabled = self.size > 1 and threaded
         if self.size > 1 and not threaded and self.rank == 0:
-            print("[hpctrain] stall watchdog off: MPI is not MPI_THREAD_MULTIPLE",
-                  file=sys.stderr)
+            LOG.warning("stall watchdog off: MPI is not MPI_THREAD_MULTIPLE")
         self.comm = comm.Dup() if self.enabled else None  # collective: every rank dups
         self.warning, self.timeout = warning, timeout
-        self.log = log or (lambda text: print(text, file=sys.stderr, flush=True))
+        self.log = log             # a callable taking each message, or None: the logger
         self.seq = 0
         self._sends = []
         self._lock = threading.Lock()
@@ -131,11 +134,18 @@ class StallWatchdog:
             # Rank 0 knows the names of the collectives it has reached itself.
             name = self._names.get(seq)
             label = f"{name!r} (collective #{seq})" if name else f"collective #{seq}"
-            message = (f"[hpctrain] stall: {label} has waited {waited:.0f} s for rank(s) "
+            message = (f"stall: {label} has waited {waited:.0f} s for rank(s) "
                        f"{late.tolist()}, which have not reached it")
             if self.timeout is not None and waited >= self.timeout:
-                self.log(f"{message}; aborting (stall timeout {self.timeout:g} s)")
+                self._say(logging.ERROR,
+                          f"{message}; aborting (stall timeout {self.timeout:g} s)")
                 self.comm.Abort(3)
             if waited >= self.warning and seq not in self._warned:
                 self._warned.add(seq)
-                self.log(message)
+                self._say(logging.WARNING, message)
+
+    def _say(self, level, message):
+        if self.log is None:
+            LOG.log(level, message)
+        else:
+            self.log(message)

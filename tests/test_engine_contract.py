@@ -93,6 +93,9 @@ class ThreadNotingTimeline:
     def mark_cycle(self):
         self._note("mark_cycle")
 
+    def flush(self):
+        self._note("flush")
+
     def close(self):
         self._note("close")
 

@@ -164,7 +164,8 @@ def test_resuming_after_the_kill_reproduces_the_uninterrupted_run(killed, mpirun
 def stall_messages(output, collective, late):
     """``[(seconds, aborting)]`` of each stall message about ``collective`` waiting for rank
     ``late``: the whole seconds it says it has waited, and whether it aborts the job."""
-    found = re.findall(rf"\[hpctrain\] stall: {re.escape(collective)} has waited (\d+) s for "
+    found = re.findall(rf"\[hpctrain\] (?:warning|error): stall: {re.escape(collective)} has "
+                       rf"waited (\d+) s for "
                        rf"rank\(s\) \[{late}\], which have not reached it(; aborting)?", output)
     return [(int(seconds), bool(aborting)) for seconds, aborting in found]
 

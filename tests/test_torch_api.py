@@ -53,3 +53,39 @@ def test_compression_casts_floats_only_and_back(compression, wire):
     assert sent.dtype == wire and compression.decompress(sent, ctx).dtype == torch.float32
     ints, ctx = compression.compress(torch.ones(3, dtype=torch.int64))
     assert ints.dtype == torch.int64 and compression.decompress(ints, ctx) is ints
+
+
+def test_every_public_function_goes_to_the_backend_and_before_init_to_our_own():
+    from hpctrain.torch import backends
+
+    assert hvd.backend() is backends.NATIVE
+    for name in backends.DISPATCHED:
+        assert callable(getattr(backends.NATIVE, name)), name
+        assert getattr(hvd, name).__wrapped__ is getattr(backends.NATIVE, name), name
+        assert name in hvd.__all__
+
+
+def test_op_families_import_only_the_common_layer():
+    import ast
+    from pathlib import Path
+
+    from hpctrain.torch import ops
+
+    families = ["allreduce", "allgather", "broadcast", "reducescatter", "alltoall", "control"]
+    for family in families:
+        source = Path(ops.__file__).with_name(f"{family}.py").read_text()
+        siblings = {(node.module or "").split(".")[0] for node in ast.walk(ast.parse(source))
+                    if isinstance(node, ast.ImportFrom) and node.level == 1}
+        assert siblings <= {"common"}, (family, siblings)
+
+
+def test_interfaces_without_psutil_say_what_to_install(monkeypatch):
+    import sys
+
+    from hpctrain.errors import UsageError
+    from hpctrain.torch.ddp import interface_addresses
+
+    assert "127.0.0.1" in interface_addresses().values()
+    monkeypatch.setitem(sys.modules, "psutil", None)
+    with pytest.raises(UsageError, match="pip install psutil"):
+        interface_addresses()

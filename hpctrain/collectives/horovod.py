@@ -1,4 +1,7 @@
-"""Horovod's allreduce (``hvd.allreduce``), the other baseline.
+"""Horovod's allreduce (``hvd.allreduce``), the other baseline, and the one place where
+hpctrain starts and stops Horovod (:func:`start`, :func:`shutdown`): this algorithm and the
+``horovod`` backend of :mod:`hpctrain.torch` (:class:`hpctrain.torch.backends.HorovodBackend`)
+share one started Horovod.
 
 Horovod is imported, and ``hvd.init()`` called over the same ranks, on first use, so that
 hpctrain works where Horovod is not built. Each call goes through Horovod's background
@@ -22,7 +25,7 @@ _UPCAST = {}           # device -> reused float32 buffer for bfloat16
 
 
 class _Started:
-    """``horovod.torch`` once :func:`horovod` has initialised it (``None`` before, and
+    """``horovod.torch`` once :func:`start` has given it (``None`` before, and
     after :func:`shutdown`), and whether it was this module that called ``hvd.init``."""
 
     def __init__(self):
@@ -33,8 +36,9 @@ class _Started:
 _STARTED = _Started()
 
 
-def horovod(comm):
-    """``horovod.torch``, initialised (``hvd.init``) over the ranks of ``comm`` if needed.
+def start(comm):
+    """``horovod.torch``, initialised (``hvd.init``) over the ranks of ``comm`` if needed;
+    ``UsageError`` if Horovod is not importable, or runs already over other ranks.
 
     Synchronisation point on first use: ``hvd.init`` is collective.
     """
@@ -58,8 +62,8 @@ def horovod(comm):
 
 
 def shutdown():
-    """Stop Horovod if :func:`horovod` started it; the next ``algo="horovod"`` call starts it
-    again.
+    """Stop Horovod if :func:`start` initialised it (not if the script had); the next
+    :func:`start` starts it again.
 
     Once started, Horovod's background thread negotiates with every other rank each cycle
     (1 ms), busy-polling MPI even when idle: on a machine with as many ranks as cores it
@@ -94,7 +98,7 @@ class HorovodAllreduce(Algorithm):
             # CUDA, NCCL with ranks sharing a GPU) otherwise fails in C++ with a traceback
             # or in NCCL's set-up. Collective: every rank reaches this first call.
             check_horovod_cuda(comm, "allreduce algo='horovod' on CUDA tensors")
-        hvd = horovod(comm)
+        hvd = start(comm)
         view = (torch.from_numpy(flat) if isinstance(flat, np.ndarray) else flat)
         view = view.view(plan.dtype.torch)
         op = {"sum": hvd.Sum, "avg": hvd.Average, "min": hvd.Min, "max": hvd.Max,

@@ -30,11 +30,13 @@ using them raises an error that says what to use instead.
 
 from functools import wraps
 
-from . import ops as _ops
-from .basics import (algorithm, backend, ccl_built, cross_rank, cross_size, cuda_built,
-                     ddl_built, gloo_built, gloo_enabled, is_homogeneous, is_initialized,
-                     local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported,
-                     nccl_built, rank, rocm_built, shutdown, size)
+from .backends import DISPATCHED as _DISPATCHED
+from .backends import NATIVE as _NATIVE
+from .backends import backend
+from .basics import (algorithm, ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
+                     gloo_built, gloo_enabled, is_homogeneous, is_initialized, local_rank,
+                     local_size, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built,
+                     rank, rocm_built, shutdown, size)
 from .compression import Compression
 from .ddp import comm_hook, init_process_group
 from .engine import HorovodInternalError
@@ -43,38 +45,19 @@ from .lifecycle import init
 from .ops import Adasum, Average, Max, Min, Product, Sum
 from .process_sets import ProcessSet, global_process_set
 from . import elastic
-from . import functions as _functions
-from . import optimizer as _optimizer
 
 
-def _public(native):
-    """``native``, or the same function of the backend ``init`` chose (Horovod's)."""
-    name = native.__name__
-
-    @wraps(native)
+def _public(name):
+    """The function ``name`` of the backend in use (:func:`backend`): hpctrain's own, or
+    Horovod's if ``init`` chose it."""
+    @wraps(getattr(_NATIVE, name))
     def call(*args, **kwargs):
-        chosen = backend()
-        if chosen is None:
-            return native(*args, **kwargs)
-        return getattr(chosen, name)(*args, **kwargs)
+        return getattr(backend(), name)(*args, **kwargs)
     return call
 
 
-_DISPATCHED = [
-    "add_process_set", "allgather", "allgather_async", "allgather_object", "allreduce",
-    "allreduce_", "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async",
-    "barrier", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
-    "broadcast_object", "grouped_allgather", "grouped_allgather_async", "grouped_allreduce",
-    "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_",
-    "grouped_reducescatter", "grouped_reducescatter_async", "join", "poll", "reducescatter",
-    "reducescatter_async", "remove_process_set", "sparse_allreduce_async", "synchronize",
-    "start_timeline", "stop_timeline",
-]
 for _name in _DISPATCHED:
-    globals()[_name] = _public(getattr(_ops, _name))
-broadcast_parameters = _public(_functions.broadcast_parameters)
-broadcast_optimizer_state = _public(_functions.broadcast_optimizer_state)
-DistributedOptimizer = _public(_optimizer.DistributedOptimizer)
+    globals()[_name] = _public(_name)
 
 
 def __getattr__(name):
@@ -91,10 +74,9 @@ def __getattr__(name):
 
 
 __all__ = [
-    "Adasum", "Average", "Compression", "DistributedOptimizer", "HorovodInternalError",
+    "Adasum", "Average", "Compression", "HorovodInternalError",
     "HostsUpdatedInterrupt", "Max", "Min", "ProcessSet", "Product", "Sum", "SyncBatchNorm",
-    "algorithm",
-    "broadcast_optimizer_state", "broadcast_parameters", "ccl_built", "comm_hook",
+    "algorithm", "ccl_built", "comm_hook",
     "cross_rank", "cross_size", "cuda_built", "ddl_built", "elastic", "gloo_built",
     "gloo_enabled", "global_process_set", "init", "init_process_group", "is_homogeneous",
     "is_initialized",

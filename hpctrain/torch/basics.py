@@ -13,9 +13,11 @@ collectives use the algorithm of their own family that goes with it
 (``hpctrain.collectives.companion``: ring with ring, butterfly with recursive doubling and
 halving, ...).
 
-The backend is chosen once, at ``init``: hpctrain's own engine (:mod:`hpctrain.torch.engine`, one
-communication thread that pairs operations across ranks by name, as Horovod does), or, for
-``horovod``, the real ``horovod.torch``, to which every call of the package is handed.
+The backend is chosen once, at ``init``, and kept as ``World.backend``
+(:mod:`hpctrain.torch.backends`): hpctrain's own operations over its engine
+(:mod:`hpctrain.torch.engine`, one communication thread that pairs operations across ranks by
+name, as Horovod does), or, for ``horovod``, the real ``horovod.torch``, to which every call
+of the package is handed.
 """
 
 import atexit
@@ -36,12 +38,13 @@ OBJECT_NAMES = ("DistributedOptimizer", "process_set")
 
 
 class World:
-    """What ``init`` sets up: the communicators, the ranks, the algorithm, the process sets
-    and the engine (or the Horovod module every call is handed to)."""
+    """What ``init`` sets up: the communicators, the ranks, the algorithm, the process sets,
+    the engine, and the ``backend`` that the public functions hand their calls to."""
 
-    def __init__(self, comm, algo, joined_allreduce, settings=None):
-        # joined_allreduce(world) -> the engine's handler for a joined rank's allreduce; given
-        # by init, which sits above the operations (this module sits below them).
+    def __init__(self, comm, algo, backend, joined_allreduce, settings=None):
+        # backend: an object of hpctrain.torch.backends; joined_allreduce(world) -> the
+        # engine's handler for a joined rank's allreduce. Both given by init, which sits
+        # above the operations (this module sits below them).
         self.settings = Settings() if settings is None else settings
         self.user_comm = comm
         self.comm = comm.Dup()              # the engine's negotiations
@@ -52,7 +55,7 @@ class World:
         self.cross_rank, self.cross_size = cross.Get_rank(), cross.Get_size()
         cross.Free()
         self.algo = algo
-        self.hvd = None
+        self.backend = backend
         self._names = {}                    # (set id, prefix) -> next number
         self._names_lock = threading.Lock()
         self._generation = 0                # joins completed (see renumber)
@@ -231,13 +234,6 @@ def world():
     return started
 
 
-def backend():
-    """What the public functions call: ``None`` for hpctrain's own operations, else the
-    :class:`~hpctrain.torch.horovod_backend.HorovodBackend` chosen by ``init``."""
-    started = _STATE.get("world")
-    return None if started is None else started.hvd
-
-
 def is_initialized():
     """True between ``init`` and ``shutdown``."""
     return "world" in _STATE
@@ -248,8 +244,7 @@ def shutdown():
     may follow again. Operations other ranks are still waiting for fail there."""
     started = _STATE.pop("world", None)
     if started is not None:
-        if started.hvd is not None:
-            started.hvd.shutdown()
+        started.backend.shutdown()
         started.close()
 
 
@@ -260,8 +255,7 @@ def abandon():
     started = _STATE.pop("world", None)
     if started is not None:
         started.close(wait=False)
-        if started.hvd is not None:
-            started.hvd.shutdown()
+        started.backend.shutdown()
 
 
 def rank():

@@ -13,20 +13,16 @@ is used only for what DDP does besides gradients: the initial broadcast of the w
 """
 
 import datetime
-import fcntl
 import os
 import socket
-import struct
 
 import torch
 
 from .basics import world
 from ..errors import UsageError
 from .ops.allreduce import bucket_signature, reduce_flat
-from .ops.common import Average, resolve_op, submit
+from .ops.common import Average, object_call, resolve_op, submit
 from .process_sets import global_process_set
-
-SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's IPv4 address
 
 
 def init_process_group(backend="gloo", timeout_s=300):
@@ -37,8 +33,6 @@ def init_process_group(backend="gloo", timeout_s=300):
     ``MASTER_ADDR``/``MASTER_PORT`` is needed.
     """
     import torch.distributed as dist
-
-    from .ops.broadcast import object_call
 
     w = world()
     timeout = datetime.timedelta(seconds=timeout_s)
@@ -76,7 +70,8 @@ def rendezvous(comm, timeout, collective=None):
     address, port = collective(lambda: comm.bcast(where, root=0), "store address")
     if rank != 0:
         store = dist.TCPStore(address, port, comm.Get_size(), False, timeout)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", _interface_reaching(address))
+    if "GLOO_SOCKET_IFNAME" not in os.environ:
+        os.environ["GLOO_SOCKET_IFNAME"] = _interface_reaching(address)
     return store
 
 
@@ -108,16 +103,19 @@ def _interface_reaching(address):
 
 
 def interface_addresses():
-    """``{interface name: IPv4 address}`` of this host's interfaces that have one (Linux)."""
+    """``{interface name: IPv4 address}`` of this host's interfaces that have one (the first,
+    where one has several), from ``psutil.net_if_addrs()``; ``UsageError`` without psutil."""
+    try:
+        import psutil
+    except ImportError:
+        raise UsageError("hpctrain.torch.init_process_group finds this host's network "
+                         "interfaces with psutil, which is not installed here: "
+                         "pip install psutil") from None
     found = {}
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        for _, name in socket.if_nameindex():
-            request = struct.pack("256s", name.encode()[:15])
-            try:
-                reply = fcntl.ioctl(sock.fileno(), SIOCGIFADDR, request)
-            except OSError:     # no IPv4 address on this interface
-                continue
-            found[name] = socket.inet_ntoa(reply[20:24])
+    for name, addresses in psutil.net_if_addrs().items():
+        ipv4 = [a.address for a in addresses if a.family == socket.AF_INET]
+        if ipv4:
+            found[name] = ipv4[0]
     return found
 
 

@@ -68,6 +68,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .settings import Settings
+from ..log import logger
+
+LOG = logger()
 
 #: Seconds between polls of a negotiation that other ranks have not joined yet.
 POLL_S = 0.0001
@@ -436,10 +439,10 @@ class StallInspector:
             if key in self._warned or now - entry.since < limit:
                 continue
             self._warned.add(key)
-            print(f"[hpctrain] warning: {key[1]!r} has waited {now - entry.since:.0f} s for "
-                  f"rank(s) {_ranks(missing(key, entry))}, which have not asked for it: a "
-                  f"rank that skips a collective, or issues it under another name, stalls "
-                  f"the others", flush=True)
+            LOG.warning(f"{key[1]!r} has waited {now - entry.since:.0f} s for rank(s) "
+                        f"{_ranks(missing(key, entry))}, which have not asked for it: a rank "
+                        f"that skips a collective, or issues it under another name, stalls the "
+                        f"others")
 
     def shutdown(self, table, missing):
         """The reason to shut down on every rank, or ``None``: an operation has waited

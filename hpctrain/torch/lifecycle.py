@@ -1,13 +1,14 @@
 """``init``: the start of hpctrain.torch, above the world (:mod:`.basics`), the operations
-(:mod:`.ops`) and the Horovod backend, which it wires together: the engine's handler for a
-joined rank's allreduce, the process sets given to ``init``, Horovod under ``horovod``.
-``shutdown`` and the queries stay in :mod:`.basics`."""
+(:mod:`.ops`) and the backends (:mod:`.backends`), which it wires together: the world's
+backend (Horovod's under ``horovod``, else hpctrain's own), the engine's handler for a
+joined rank's allreduce, the process sets given to ``init``. ``shutdown`` and the queries
+stay in :mod:`.basics`."""
 
 import logging
 
 from . import basics
 from .basics import World, adopt, choose_algorithm, is_initialized
-from .horovod_backend import HorovodBackend
+from .backends import NATIVE, HorovodBackend
 from .ops.allreduce import joined_allreduce
 from .ops.control import register_process_sets, start_timeline
 from .process_sets import ProcessSet
@@ -16,9 +17,11 @@ from .settings import read as read_settings
 from .. import mpi_support
 from ..collectives import auto
 from ..errors import ArgumentError
+from ..log import check as check_logging
+from ..log import logger
 from ..runtime import guard
 
-LOG = logging.getLogger(__name__)
+LOG = logger()
 
 
 def init(comm=None, process_sets=None, allreduce=None):
@@ -44,7 +47,8 @@ def init(comm=None, process_sets=None, allreduce=None):
         _match_sets(basics.world(), sets)
         return
     guard()
-    settings = read_settings()      # a bad value stops every rank alike, before MPI starts
+    check_logging()                 # a bad value stops every rank alike, before MPI starts
+    settings = read_settings()
     algo = choose_algorithm(allreduce, settings.hierarchical)
     MPI, thread_warning = mpi_support.start()
     comm = _communicator(MPI, comm)
@@ -53,12 +57,12 @@ def init(comm=None, process_sets=None, allreduce=None):
             # Collective: rank 0 reads the file, and a missing one is the same error on every
             # rank, before any operation could leave a rank waiting.
             auto.use(auto.load(auto.profile_path(), comm))
-    world = World(comm, algo, joined_allreduce, settings)
+    world = World(comm, algo, NATIVE, joined_allreduce, settings)
     adopt(world)
     if settings.log_level is not None:
         logging.getLogger("hpctrain").setLevel(settings.log_level)
     if algo == "horovod":
-        world.hvd = HorovodBackend(world)
+        world.backend = HorovodBackend(world)
         return                      # Horovod reads its own variables
     if world.rank == 0:
         for warning in (thread_warning, ignored_message(settings)):

@@ -39,6 +39,7 @@ from .compression import Compression
 from .ops.allreduce import bucket_signature, reduce_flat
 from .ops.common import Average, Sum, caller_event, member_set, resolve_op, submit, \
     wait_event
+from .ops.sparse import sparse_allreduce_async
 from .process_sets import global_process_set
 from .reducer import BucketReducer
 
@@ -185,8 +186,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         indices and values) unless ``sparse_as_dense``, when their dense reduction is in the
         bucket already; either way ``param.grad`` is sparse again, as the optimizer expects
         (``SparseAdam``)."""
-        from .ops.allreduce import sparse_allreduce_async
-
         handles = []
         for bucket, i in places:
             p = bucket.params[i]

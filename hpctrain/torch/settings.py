@@ -176,7 +176,7 @@ def read(environ=None):
                                     env.get("HOROVOD_TIMELINE_MARK_CYCLES", ""))
     found["hierarchical"] = _boolean("HOROVOD_HIERARCHICAL_ALLREDUCE",
                                      env.get("HOROVOD_HIERARCHICAL_ALLREDUCE", ""))
-    name, value = _first(env, None, "HOROVOD_LOG_LEVEL")
+    name, value = _first(env, "HPCTRAIN_LOG_LEVEL", "HOROVOD_LOG_LEVEL")
     if name:
         found["log_level"] = _log_level(name, value)
     found["ignored"] = tuple((var, why) for var, (kind, why) in HOROVOD_VARIABLES.items()

@@ -24,10 +24,14 @@ import functools
 import sys
 
 from ... import elastic as job
+from ..backends import NATIVE
 from ..basics import abandon, is_initialized, shutdown, world
 from ..engine import HorovodInternalError, ProcessFailure, process_failure
 from ..lifecycle import init
 from .state import HostsUpdatedInterrupt
+from ...log import logger
+
+LOG = logger("hpctrain.elastic")
 
 #: Resets in a row without a commit between them after which run gives up: a failure that
 #: comes back at once is not one the job can train through.
@@ -42,7 +46,7 @@ def run(func):
 
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
-        if world().hvd is not None:
+        if world().backend is not NATIVE:
             raise ValueError("hvd.elastic.run needs hpctrain's own engine; with "
                              "HPCTRAIN_ALLREDUCE=horovod every call goes to Horovod, whose "
                              "elastic mode needs horovodrun and Gloo")
@@ -92,8 +96,7 @@ def _resume(state):
         return
     state.read(folder / job.STATE_FILE)
     job.log_event(folder, "resumed", size=world().size)
-    print(f"[hpctrain.elastic] resuming from the commit in {folder / job.STATE_FILE}",
-          flush=True)
+    LOG.info(f"resuming from the commit in {folder / job.STATE_FILE}")
 
 
 def _shrink():
@@ -154,8 +157,8 @@ def _exit_for_new_hosts():
     """Every rank ends with ``EXIT_HOSTS_UPDATED`` (the commit that raised it has been
     written): the launcher starts the job again on the new hosts."""
     if world().rank == 0:
-        print("[hpctrain.elastic] new hosts: ending this start so that the launcher starts "
-              "the job again on them, from the last commit", flush=True)
+        LOG.info("new hosts: ending this start so that the launcher starts the job again on "
+                 "them, from the last commit")
     shutdown()
     sys.exit(job.EXIT_HOSTS_UPDATED)
 

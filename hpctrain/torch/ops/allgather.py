@@ -1,11 +1,13 @@
-"""Allgather: ``allgather(_async)``, ``grouped_allgather(_async)``, ``allgather_object``.
+"""Allgather: ``allgather_async``, ``grouped_allgather_async``, ``allgather_object``, and
+the operation that is an allgather's gradient (:func:`scatter_rows`).
 
 Every rank's tensor is concatenated along dimension 0, in the process set's rank order; the
 first dimension may differ between ranks (each rank tells the others its own in the
 negotiation, so no extra message is needed), the other dimensions, the dtype and the device
 may not. Any dtype moves, bool included. The gradient of an allgather is, as in Horovod, the
 average of the incoming gradients over the ranks, of which each keeps its own rows: a
-reduce-scatter (``Average``) of the gradient.
+reduce-scatter (``Average``) of the gradient. The differentiable ``allgather`` and
+``grouped_allgather`` are in :mod:`.autograd`.
 """
 
 import math
@@ -70,36 +72,6 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set,
 def allgather_async(tensor, name=None, process_set=global_process_set):
     """Queue the allgather of ``tensor``; return a handle for :func:`synchronize`."""
     return grouped_allgather_async([tensor], name, process_set, "allgather_async", single=True)
-
-
-class _Allgather(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, process_set, name, *tensors):
-        ctx.process_set = process_set
-        ctx.rows = [t.shape[0] for t in tensors]
-        return tuple(synchronize(grouped_allgather_async(list(tensors), name, process_set)))
-
-    @staticmethod
-    def backward(ctx, *grads):
-        return (None, None, *scatter_rows([g.contiguous() for g in grads], ctx.rows,
-                                          ctx.process_set))
-
-
-def grouped_allgather(tensors, name=None, process_set=global_process_set):
-    """Each tensor of ``tensors`` gathered from every rank (differentiable), as one
-    collective of ``process_set``."""
-    if isinstance(tensors, (list, tuple)) and any(isinstance(t, torch.Tensor) and
-                                                  t.requires_grad for t in tensors):
-        return list(_Allgather.apply(process_set, name, *tensors))
-    return synchronize(grouped_allgather_async(tensors, name, process_set))
-
-
-def allgather(tensor, name=None, process_set=global_process_set):
-    """Every rank's ``tensor`` concatenated along dimension 0 (differentiable). A collective."""
-    if isinstance(tensor, torch.Tensor) and tensor.requires_grad:
-        return _Allgather.apply(process_set, name, tensor)[0]
-    return synchronize(grouped_allgather_async([tensor], name, process_set, "allgather",
-                                               single=True))
 
 
 def allgather_object(obj, name=None, process_set=global_process_set):

@@ -1,11 +1,13 @@
-"""Allreduce: ``allreduce(_)(async(_))``, ``grouped_allreduce(_)(async(_))``, sparse allreduce.
+"""Allreduce: ``allreduce_``, ``allreduce_async(_)``, ``grouped_allreduce_``,
+``grouped_allreduce_async(_)``, and the data phase others share (:func:`reduce_flat`).
 
 Semantics of Horovod 0.28: ``op`` defaults to ``Average``; ``average=`` is the old spelling
 (not both); an integer average is the sum divided by the number of ranks, truncated towards
 zero; ``prescale_factor`` and ``postscale_factor`` multiply before and after the reduction
 (integers scaled in float64, half precision in float32). ``Adasum`` is Horovod's adaptive
 summation (:mod:`hpctrain.collectives.adasum`, a power-of-two number of ranks). The
-gradient of an allreduce is the same allreduce of the gradient.
+differentiable ``allreduce`` and ``grouped_allreduce`` are in :mod:`.autograd`, sparse
+allreduce in :mod:`.sparse`.
 
 The data phase is the algorithm chosen at ``init`` (:mod:`hpctrain.collectives`), over the
 process set's communicator.
@@ -13,11 +15,9 @@ process set's communicator.
 
 import torch
 
-from .allgather import allgather_async
-from .common import (Adasum, Average, OP_NAMES, Sum, WIDENED, check_tensor, describe_tensors,
+from .common import (Adasum, Average, OP_NAMES, WIDENED, check_tensor, describe_tensors,
                      on_thread, resolve_op, scaled, signature, start, submit,
                      synchronize)
-from ..compression import Compression
 from ..process_sets import global_process_set
 
 
@@ -147,25 +147,6 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                                         postscale_factor, process_set))
 
 
-def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
-              prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
-    """The reduction of ``tensor`` over the ranks of ``process_set``, in a new tensor
-    (differentiable). A collective; see the module docstring for the semantics."""
-    if not isinstance(tensor, torch.Tensor):
-        return synchronize(allreduce_async(tensor, average, name, op, prescale_factor,
-                                           postscale_factor, process_set))
-    wire, ctx = compression.compress(tensor)
-    if wire.requires_grad:
-        # One autograd function for one tensor or many: the gradient of each is reduced the
-        # same way as the tensor was.
-        reduced = _GroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor,
-                                          process_set, wire)[0]
-    else:
-        reduced = synchronize(allreduce_async(wire, average, name, op, prescale_factor,
-                                              postscale_factor, process_set))
-    return compression.decompress(reduced, ctx)
-
-
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=global_process_set):
     """Queue one allreduce of a list of tensors into new tensors; return a handle."""
@@ -187,89 +168,3 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
     """Reduce a list of tensors in place, fused into one collective; return the list."""
     return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
                                                 postscale_factor, process_set))
-
-
-class _GroupedAllreduce(torch.autograd.Function):
-    """Allreduce of tensors with a gradient: each gradient is reduced as its tensor was."""
-
-    @staticmethod
-    def forward(ctx, average, name, op, prescale, postscale, process_set, *tensors):
-        ctx.args = (average, op, prescale, postscale, process_set)
-        return tuple(synchronize(grouped_allreduce_async(list(tensors), average, name, op,
-                                                         prescale, postscale, process_set)))
-
-    @staticmethod
-    def backward(ctx, *grads):
-        average, op, prescale, postscale, process_set = ctx.args
-        reduced = grouped_allreduce([g.contiguous() for g in grads], average, None,
-                                    Compression.none, op, prescale, postscale, process_set)
-        return (None, None, None, None, None, None, *reduced)
-
-
-def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
-                      prescale_factor=1.0, postscale_factor=1.0,
-                      process_set=global_process_set):
-    """The reductions of a list of tensors, in new tensors, as one collective
-    (differentiable)."""
-    if not isinstance(tensors, (list, tuple)) or not all(isinstance(t, torch.Tensor)
-                                                         for t in tensors):
-        return synchronize(grouped_allreduce_async(tensors, average, name, op,
-                                                   prescale_factor, postscale_factor,
-                                                   process_set))
-    pairs = [compression.compress(t) for t in tensors]
-    wires = [p for p, _ in pairs]
-    if any(t.requires_grad for t in wires):
-        reduced = _GroupedAllreduce.apply(average, name, op, prescale_factor,
-                                          postscale_factor, process_set, *wires)
-    else:
-        reduced = synchronize(grouped_allreduce_async(wires, average, name, op,
-                                                      prescale_factor, postscale_factor,
-                                                      process_set))
-    return [compression.decompress(r, c) for r, (_, c) in zip(reduced, pairs)]
-
-
-def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
-    """Queue the reduction of a sparse COO ``tensor`` (Horovod's allgather-based method):
-    every rank's indices and values are gathered and summed into one coalesced tensor,
-    divided by the number of ranks for ``Average``. Returns a handle whose
-    :func:`synchronize` gives the sparse result."""
-    if op not in (Average, Sum):
-        raise ValueError("sparse allreduce takes op=hvd.Average or hvd.Sum")
-    if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
-        raise TypeError("sparse_allreduce_async takes a sparse COO tensor")
-    t = tensor.coalesce()
-    indices = t.indices().t().contiguous()
-    values = t.values().contiguous()
-    handles = (allgather_async(indices, f"{name}.indices", process_set),
-               allgather_async(values, f"{name}.values", process_set))
-    return _SparseHandle(handles, tensor, op, process_set)
-
-
-class _SparseHandle:
-    """Two allgathers (indices, values) that :func:`synchronize`, or calling the handle as
-    Horovod's, turns into the sum."""
-
-    def __init__(self, handles, tensor, op, process_set):
-        self.handles, self.tensor, self.op, self.process_set = handles, tensor, op, process_set
-        self.done = _Both(handles)
-
-    def __call__(self):
-        """The reduced sparse tensor (Horovod's handle is this function)."""
-        return self.wait()[0]
-
-    def wait(self):
-        """Wait for both allgathers; ``(sparse result, None)``."""
-        indices, values = (synchronize(h) for h in self.handles)
-        if self.op == Average:
-            values = values / self.process_set.size()
-        result = torch.sparse_coo_tensor(indices.t(), values, self.tensor.shape,
-                                         check_invariants=False).coalesce()
-        return result, None
-
-
-class _Both:
-    def __init__(self, handles):
-        self.handles = handles
-
-    def is_set(self):
-        return all(h.done.is_set() for h in self.handles)

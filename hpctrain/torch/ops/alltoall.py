@@ -1,11 +1,11 @@
-"""Alltoall: ``alltoall(_async)``.
+"""Alltoall: ``alltoall_async``.
 
 Rank ``r`` cuts its tensor along dimension 0 into ``splits[0], splits[1], ...`` rows and
 sends block ``s`` to set rank ``s``; it receives, in rank order, the blocks the others cut
 for it. ``splits=None`` cuts into equal blocks (the rows must divide by the set's size).
 Each rank's splits travel in the negotiation, so every rank knows what it receives before
 any data moves. With ``splits`` given, the result is ``(tensor, received_splits)``. The
-gradient is the reverse alltoall of the gradient.
+differentiable ``alltoall`` is in :mod:`.autograd`.
 """
 
 import math
@@ -13,7 +13,7 @@ import math
 import torch
 
 from .common import (check_tensor, describe_tensors, dtype_name, on_thread, start, submit,
-                     synchronize, where)
+                     where)
 from ..process_sets import global_process_set
 
 
@@ -74,33 +74,3 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     signature = ("alltoall", dtype_name(tensor), tuple(tensor.shape[1:]), where(tensor))
     return submit(w, pset, name, signature, describe_tensors("alltoall", name, [tensor]),
                   on_thread([tensor], work), info=sends)
-
-
-class _Alltoall(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, tensor, splits, name, process_set):
-        ctx.process_set = process_set
-        out, received = synchronize(alltoall_async(tensor, splits, name, process_set))
-        ctx.received = received
-        ctx.mark_non_differentiable(received)
-        return out, received
-
-    @staticmethod
-    def backward(ctx, grad, _received_grad):
-        back, _ = synchronize(alltoall_async(grad.contiguous(), ctx.received, None,
-                                             ctx.process_set))
-        return back, None, None, None
-
-
-def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
-    """Scatter blocks of ``tensor`` to every rank and gather theirs (differentiable).
-
-    Returns the gathered tensor, and with ``splits`` given, also the received splits.
-    A collective of ``process_set``.
-    """
-    if isinstance(tensor, torch.Tensor) and tensor.requires_grad:
-        out, received = _Alltoall.apply(tensor, splits, name, process_set)
-    else:
-        out, received = synchronize(alltoall_async(tensor, splits, name, process_set,
-                                                   "alltoall"))
-    return out if splits is None else (out, received)

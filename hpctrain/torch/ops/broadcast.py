@@ -1,18 +1,16 @@
-"""Broadcast: ``broadcast(_)(async(_))``, ``broadcast_object``, and object collectives.
+"""Broadcast: ``broadcast_``, ``broadcast_async(_)``, ``broadcast_object``, and the data
+phase others share (:func:`bcast_tensors`).
 
-``root_rank`` is a world rank, which must belong to the process set. The gradient of a
-broadcast is, as in Horovod, the average of the gradients over the ranks on the root and
-zero elsewhere.
+``root_rank`` is a world rank, which must belong to the process set. The differentiable
+``broadcast`` is in :mod:`.autograd` (its gradient is an allreduce).
 """
 
 import pickle
 
 import torch
 
-from .allreduce import allreduce
 from .common import (check_tensor, describe_tensors, dtype_name, object_call, on_thread, start,
                      submit, synchronize, where)
-from ..basics import world
 from ..process_sets import global_process_set
 
 
@@ -81,28 +79,6 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_se
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     """Overwrite ``tensor`` with ``root_rank``'s on every rank; return it. A collective."""
     return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
-
-
-class _Broadcast(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, tensor, root_rank, name, process_set):
-        ctx.args = (root_rank, process_set)
-        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
-
-    @staticmethod
-    def backward(ctx, grad):
-        root_rank, process_set = ctx.args
-        reduced = allreduce(grad.contiguous(), average=True, process_set=process_set)
-        if world().rank != root_rank:
-            reduced = torch.zeros_like(reduced)
-        return reduced, None, None, None
-
-
-def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
-    """``root_rank``'s ``tensor`` on every rank of the set, in a new tensor (differentiable)."""
-    if isinstance(tensor, torch.Tensor) and tensor.requires_grad:
-        return _Broadcast.apply(tensor, root_rank, name, process_set)
-    return synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):

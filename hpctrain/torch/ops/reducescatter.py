@@ -1,20 +1,19 @@
-"""Reduce-scatter: ``reducescatter(_async)``, ``grouped_reducescatter(_async)``.
+"""Reduce-scatter: ``reducescatter_async``, ``grouped_reducescatter_async``.
 
 Each tensor is reduced over the ranks of the process set and cut along dimension 0: set rank
 ``r`` keeps rows ``[lo_r, hi_r)``, the rows split as evenly as they go, the first
 ``rows % size`` ranks one more. Ops ``Sum`` and ``Average`` (an integer average truncates
-towards zero), with ``prescale_factor``/``postscale_factor`` as allreduce. The gradient, as
-in Horovod, is the allgather of the gradient (times the number of ranks for ``Sum``, times
-the scale factors).
+towards zero), with ``prescale_factor``/``postscale_factor`` as allreduce. The
+differentiable ``reducescatter`` and ``grouped_reducescatter`` are in :mod:`.autograd` (the
+gradient is an allgather).
 """
 
 import math
 
 import torch
 
-from .allgather import grouped_allgather
 from .common import (Average, OP_NAMES, Sum, WIDENED, check_tensor, describe_tensors,
-                     on_thread, resolve_op, scaled, signature, start, submit, synchronize)
+                     on_thread, resolve_op, scaled, signature, start, submit)
 from ..process_sets import global_process_set
 
 
@@ -91,42 +90,3 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
     """Queue the reduce-scatter of ``tensor``; return a handle for :func:`synchronize`."""
     return grouped_reducescatter_async([tensor], name, op, process_set, prescale_factor,
                                        postscale_factor, "reducescatter_async", single=True)
-
-
-class _Reducescatter(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, name, op, process_set, prescale, postscale, *tensors):
-        ctx.args = (op, process_set, prescale, postscale)
-        return tuple(synchronize(grouped_reducescatter_async(
-            list(tensors), name, op, process_set, prescale, postscale)))
-
-    @staticmethod
-    def backward(ctx, *grads):
-        op, process_set, prescale, postscale = ctx.args
-        factor = (process_set.size() if op == Sum else 1) * prescale * postscale
-        grads = [g.contiguous() * factor if factor != 1 else g.contiguous() for g in grads]
-        return (None, None, None, None, None, *grouped_allgather(grads, None, process_set))
-
-
-def grouped_reducescatter(tensors, name=None, compression=None, op=Average,
-                          process_set=global_process_set, prescale_factor=1.0,
-                          postscale_factor=1.0):
-    """This rank's block of each tensor's reduction (differentiable), as one collective."""
-    if isinstance(tensors, (list, tuple)) and any(isinstance(t, torch.Tensor) and
-                                                  t.requires_grad for t in tensors):
-        return list(_Reducescatter.apply(name, op, process_set, prescale_factor,
-                                         postscale_factor, *tensors))
-    return synchronize(grouped_reducescatter_async(tensors, name, op, process_set,
-                                                   prescale_factor, postscale_factor))
-
-
-def reducescatter(tensor, name=None, compression=None, op=Average,
-                  process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
-    """This rank's block (rows) of the reduction of ``tensor`` over the ranks
-    (differentiable). A collective."""
-    if isinstance(tensor, torch.Tensor) and tensor.requires_grad:
-        return _Reducescatter.apply(name, op, process_set, prescale_factor, postscale_factor,
-                                    tensor)[0]
-    return synchronize(grouped_reducescatter_async([tensor], name, op, process_set,
-                                                   prescale_factor, postscale_factor,
-                                                   "reducescatter", single=True))
