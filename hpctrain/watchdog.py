@@ -20,6 +20,7 @@ import time
 import numpy as np
 
 from .log import logger
+from .stalls import StallRule, stalled
 
 LOG = logger()
 
@@ -42,6 +43,7 @@ class StallWatchdog:
             LOG.warning("stall watchdog off: MPI is not MPI_THREAD_MULTIPLE")
         self.comm = comm.Dup() if self.enabled else None  # collective: every rank dups
         self.warning, self.timeout = warning, timeout
+        self.rule = StallRule(warning, timeout)
         self.log = log             # a callable taking each message, or None: the logger
         self.seq = 0
         self._sends = []
@@ -49,7 +51,6 @@ class StallWatchdog:
         self._arrived = np.zeros(self.size, dtype=np.int64)  # rank 0: last seq per rank
         self._since = {}    # rank 0: seq -> when the first rank reached it
         self._names = {}    # seq -> name, as rank 0 itself called it
-        self._warned = set()
         self._stop = threading.Event()
         self._thread = None
         if self.enabled and self.rank == 0:
@@ -129,19 +130,18 @@ class StallWatchdog:
             late = np.flatnonzero(self._arrived < seq)
             if len(late) == 0:
                 del self._since[seq]
+                self.rule.settled(seq)
                 continue
             waited = now - self._since[seq]
             # Rank 0 knows the names of the collectives it has reached itself.
             name = self._names.get(seq)
             label = f"{name!r} (collective #{seq})" if name else f"collective #{seq}"
-            message = (f"stall: {label} has waited {waited:.0f} s for rank(s) "
-                       f"{late.tolist()}, which have not reached it")
-            if self.timeout is not None and waited >= self.timeout:
+            message = stalled(label, waited, late.tolist(), "reached it")
+            if self.rule.give_up(waited):
                 self._say(logging.ERROR,
                           f"{message}; aborting (stall timeout {self.timeout:g} s)")
                 self.comm.Abort(3)
-            if waited >= self.warning and seq not in self._warned:
-                self._warned.add(seq)
+            if self.rule.warn(seq, waited):
                 self._say(logging.WARNING, message)
 
     def _say(self, level, message):

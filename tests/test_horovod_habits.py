@@ -96,7 +96,8 @@ def test_the_stall_shutdown_is_decided_from_rank_0s_clock_alike_everywhere():
         assert inspector.shutdown(table, lambda key, entry: [1]) is None
         inspector.note([True, False], 15.0)
         why = inspector.shutdown(table, lambda key, entry: [1])
-        assert "'allreduce.w' waited 5 s for rank(s) 1" in why
+        assert "stall: 'allreduce.w' has waited 5 s for rank(s) [1], which have not " \
+            "asked for it (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=5)" == why
     never = StallInspector(0, settings.Settings())
     never.note([True, False], 1e6)
     assert never.shutdown(table, lambda key, entry: [1]) is None

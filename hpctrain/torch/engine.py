@@ -69,6 +69,7 @@ import numpy as np
 
 from .settings import Settings
 from ..log import logger
+from ..stalls import StallRule, stalled
 
 LOG = logger()
 
@@ -400,7 +401,8 @@ class Joins:
 
 
 class StallInspector:
-    """Operations some ranks never ask for, timed by the :class:`~.settings.Settings`:
+    """Operations some ranks never ask for, timed by the :class:`~.settings.Settings` under
+    the one rule of :mod:`hpctrain.stalls`:
 
     - rank 0 warns once an operation has waited ``stall_check_s`` (as Horovod's stall
       inspector);
@@ -415,9 +417,9 @@ class StallInspector:
     def __init__(self, rank, settings):
         self.rank = rank
         self.settings = settings
+        self.rule = StallRule(settings.stall_check_s, settings.stall_shutdown_s)
         self.blocked = []               # per rank, from the last negotiation
         self.clock = 0.0                # rank 0's clock at the last negotiation (seconds)
-        self._warned = set()
         self._quiet_since = None        # rank 0's clock when every rank became blocked
 
     def note(self, blocked, clock):
@@ -426,36 +428,31 @@ class StallInspector:
 
     def settled(self, key):
         """``key`` ran or failed: forget it."""
-        self._warned.discard(key)
+        self.rule.settled(key)
 
     def warn(self, table, missing):
         """Rank 0: name, once, the ranks an operation has waited ``stall_check_s`` for
         (``missing(key, entry)``)."""
-        limit = self.settings.stall_check_s
-        if not limit or self.rank != 0 or not table:
+        if self.rank != 0:
             return
         now = time.monotonic()
         for key, entry in table.items():
-            if key in self._warned or now - entry.since < limit:
-                continue
-            self._warned.add(key)
-            LOG.warning(f"{key[1]!r} has waited {now - entry.since:.0f} s for rank(s) "
-                        f"{_ranks(missing(key, entry))}, which have not asked for it: a rank "
-                        f"that skips a collective, or issues it under another name, stalls the "
-                        f"others")
+            if self.rule.warn(key, now - entry.since):
+                LOG.warning(stalled(repr(key[1]), now - entry.since, missing(key, entry),
+                                    "asked for it") +
+                            ": a rank that skips a collective, or issues it under another "
+                            "name, stalls the others")
 
     def shutdown(self, table, missing):
         """The reason to shut down on every rank, or ``None``: an operation has waited
         ``stall_shutdown_s`` (rank 0's clock, from the negotiation that first saw it) for
         ranks that have not asked for it."""
-        limit = self.settings.stall_shutdown_s
-        if not limit:
-            return None
         for key, entry in table.items():
-            if self.clock - entry.first >= limit:
-                return (f"{key[1]!r} waited {limit:g} s for rank(s) "
-                        f"{_ranks(missing(key, entry))}, which never asked for it "
-                        f"(HOROVOD_STALL_SHUTDOWN_TIME_SECONDS={limit:g})")
+            if self.rule.give_up(self.clock - entry.first):
+                limit = self.settings.stall_shutdown_s
+                return (stalled(repr(key[1]), self.clock - entry.first, missing(key, entry),
+                                "asked for it") +
+                        f" (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS={limit:g})")
         return None
 
     def deadlock(self, table, moved, missing):

@@ -34,6 +34,9 @@ import torch
 from .. import faults
 from ..data.atomic import atomic_path
 from ..errors import UsageError
+from ..log import logger
+
+LOG = logger()
 
 FORMAT = 2
 FILENAME = "checkpoint.pt"
@@ -139,7 +142,7 @@ def _older(path, i):
     return path.with_name(f"{path.stem}.{i}{path.suffix}")
 
 
-def find(resume, run_path, log=print):
+def find(resume, run_path, log=None):
     """The checkpoint ``--resume`` names, as ``(path, state)``, or ``(None, None)``.
 
     ``""``: start fresh. ``"auto"``: the newest intact one of ``<run_path>/checkpoint.pt``
@@ -147,6 +150,7 @@ def find(resume, run_path, log=print):
     fresh; all damaged: ``CheckpointError``. Any other value: that file, which must exist
     and be intact.
     """
+    log = log or LOG.warning
     if not resume:
         return None, None
     if resume != "auto":
@@ -160,10 +164,10 @@ def find(resume, run_path, log=print):
             state = load(path)
         except CheckpointError as exc:
             problems.append(str(exc))
-            log(f"[hpctrain] skipping a damaged checkpoint: {exc}")
+            log(f"skipping a damaged checkpoint: {exc}")
             continue
         if problems:
-            log(f"[hpctrain] resuming from the previous intact checkpoint {str(path)!r}")
+            log(f"resuming from the previous intact checkpoint {str(path)!r}")
         return path, state
     if problems:
         raise CheckpointError(f"--resume auto: no intact checkpoint in {str(run_path)!r}: "
