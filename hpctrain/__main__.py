@@ -15,7 +15,7 @@ def main(argv=None):
 
 def _checked(func):
     def run(args):
-        log.check()             # a bad HPCTRAIN_LOG_* value is bad input, like a bad option
+        log.check()             # a bad HPCTRAIN_LOG_LEVEL or _RANKS is bad input
         return func(args)
     return run
 

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from .data.atomic import atomic_path
-from .log import logger
+from .log import logger, set_rank
 
 LOG = logger("hpctrain.elastic")
 
@@ -137,6 +137,7 @@ def survivors(comm):
     before = comm.Get_size()
     shrunk = comm.Shrink()
     size, rank = shrunk.Get_size(), shrunk.Get_rank()
+    set_rank(rank)                          # the survivors' rank 0 logs from now on
     least = int_setting(ENV_MIN_NP, 1)
     if rank == 0:
         log_event(state_dir(), "shrunk", before=before, after=size)

@@ -35,7 +35,22 @@ LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNI
           "error": logging.ERROR}
 
 
+class _World:
+    """The rank that logs as rank 0 is the job's: ``COMM_WORLD``'s, unless whoever made the
+    job's world said otherwise (:func:`set_rank`: ``hvd.init`` over a communicator, the
+    survivors of an elastic shrink)."""
+
+    rank = None
+
+
+def set_rank(rank):
+    """This process's rank in the job's world from now on (``None``: ``COMM_WORLD``'s)."""
+    _World.rank = rank
+
+
 def _rank():
+    if _World.rank is not None:
+        return _World.rank
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
         return mpi.COMM_WORLD.Get_rank()
@@ -92,8 +107,8 @@ def _setting(name, choices, default):
 
 
 def check():
-    """``UsageError`` for a bad ``HPCTRAIN_LOG_*`` value (``hvd.init`` and every command
-    call it); the defaults stood in until then."""
+    """``UsageError`` for a bad ``HPCTRAIN_LOG_LEVEL`` or ``HPCTRAIN_LOG_RANKS`` value
+    (``hvd.init`` and every command call it); the defaults stood in until then."""
     configure()
     if PROBLEMS:
         raise UsageError(PROBLEMS[0])

@@ -78,3 +78,14 @@ def test_a_bad_value_names_the_variable_and_an_example(setup, monkeypatch, name,
     assert top.level == logging.INFO
     with pytest.raises(UsageError, match=rf"{name}='{value}': choose one of .* e\.g\. {name}="):
         log.check()
+
+
+def test_the_rank_that_logs_is_the_job_worlds_once_set(setup, capsys, monkeypatch):
+    monkeypatch.setattr(log._World, "rank", None)
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")        # were COMM_WORLD's rank asked
+    monkeypatch.setitem(__import__("sys").modules, "mpi4py.MPI", None)
+    top, root = setup()
+    top.info("not rank 0 of COMM_WORLD")
+    log.set_rank(0)                                         # rank 0 of the survivors, say
+    top.info("rank 0 of the job's world")
+    assert lines(capsys) == [f"[{root}] rank 0 of the job's world"]

@@ -30,6 +30,7 @@ from .settings import Settings
 from ..collectives.algorithm import DEFAULT_ALLREDUCE, ENV_ALLREDUCE
 from ..devices import node_rank_and_size
 from ..errors import ArgumentError
+from ..log import set_rank as set_log_rank
 
 
 _STATE = {}
@@ -50,6 +51,7 @@ class World:
         self.comm = comm.Dup()              # the engine's negotiations
         self.data_comm = comm.Dup()         # the global set's collectives
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        set_log_rank(self.rank)             # its rank 0 is the one that logs
         self.local_rank, self.local_size = node_rank_and_size(comm)
         cross = comm.Split(self.local_rank, key=self.rank)
         self.cross_rank, self.cross_size = cross.Get_rank(), cross.Get_size()
