@@ -33,6 +33,10 @@ class Verdict(UsageError):
         that told them all)."""
         return cls([(message, range(comm.Get_size()))], comm.Get_size(), comm.Get_rank())
 
+    def line(self):
+        """Every problem on one line, ``; ``-separated (for a footnote)."""
+        return "; ".join(self.lines())
+
     def lines(self):
         """One line per problem, naming its ranks when not all of them found it."""
         for message, ranks in self.problems:

@@ -119,14 +119,6 @@ def horovod_cuda_verdict(comm, option="--allreduce horovod with --device cuda"):
     return common_verdict(comm, problem)
 
 
-def horovod_cuda_reason(comm, option="--allreduce horovod with --device cuda"):
-    """:func:`horovod_cuda_verdict` as one line (its problems joined by ``; ``), or
-    ``None``: for a caller that goes on without Horovod and says why. Synchronisation
-    point, as that function."""
-    verdict = horovod_cuda_verdict(comm, option)
-    return None if verdict is None else "; ".join(verdict.lines())
-
-
 def check_horovod_cuda(comm, option="--allreduce horovod with --device cuda"):
     """Raise the same ``Verdict`` on every rank if :func:`horovod_cuda_verdict` finds a
     problem. Synchronisation point, as that function."""

@@ -13,8 +13,8 @@ logger (unless the application gave it one): standard error, a line per record,
 name when more than rank 0 logs. By default only rank 0 logs below ``ERROR`` (every rank
 runs the same code: one line, not one per rank); errors come from every rank.
 
-- ``HPCTRAIN_LOG_LEVEL``: ``debug``, ``info`` (default), ``warning`` or ``error``
-  (Horovod's ``HOROVOD_LOG_LEVEL`` sets the same, at ``hvd.init``);
+- ``HPCTRAIN_LOG_LEVEL``, else Horovod's ``HOROVOD_LOG_LEVEL``: ``trace`` (as ``debug``),
+  ``debug``, ``info`` (default), ``warning``, ``error`` or ``fatal`` (as ``critical``);
 - ``HPCTRAIN_LOG_RANKS``: ``0`` (default) or ``all``.
 
 A bad value is a :class:`~hpctrain.errors.UsageError` naming it and a valid example, raised
@@ -30,9 +30,11 @@ from .runtime import launcher_rank
 
 ROOT = "hpctrain"
 LEVEL_VARIABLE = "HPCTRAIN_LOG_LEVEL"
+HOROVOD_LEVEL_VARIABLE = "HOROVOD_LOG_LEVEL"
 RANKS_VARIABLE = "HPCTRAIN_LOG_RANKS"
-LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
-          "error": logging.ERROR}
+#: The level names, Horovod's included (``hpctrain-horovodrun --log-level`` takes them too).
+LEVELS = {"trace": logging.DEBUG, "debug": logging.DEBUG, "info": logging.INFO,
+          "warning": logging.WARNING, "error": logging.ERROR, "fatal": logging.CRITICAL}
 
 
 class _World:
@@ -107,7 +109,8 @@ def _setting(name, choices, default):
 
 
 def check():
-    """``UsageError`` for a bad ``HPCTRAIN_LOG_LEVEL`` or ``HPCTRAIN_LOG_RANKS`` value
+    """``UsageError`` for a bad ``HPCTRAIN_LOG_LEVEL`` (``HOROVOD_LOG_LEVEL``) or
+    ``HPCTRAIN_LOG_RANKS`` value
     (``hvd.init`` and every command call it); the defaults stood in until then."""
     configure()
     if PROBLEMS:
@@ -131,7 +134,9 @@ def setup(target):
     handler.addFilter(_Ranks(every))
     handler.setFormatter(_Line(every))
     target.addHandler(handler)
-    target.setLevel(LEVELS[_setting(LEVEL_VARIABLE, tuple(LEVELS), "info")])
+    level = LEVEL_VARIABLE if os.environ.get(LEVEL_VARIABLE, "").strip() \
+        else HOROVOD_LEVEL_VARIABLE
+    target.setLevel(LEVELS[_setting(level, tuple(LEVELS), "info")])
     target.propagate = False
 
 

@@ -109,13 +109,13 @@ def test_the_collective_check_reads_horovod_and_the_node(monkeypatch):
     with pytest.raises(UsageError, match="built without GPU operations"):
         gpu_checks.check_horovod_cuda(MPI.COMM_SELF)
     _fake_horovod(monkeypatch, cuda=True, nccl=22803, gpus=1)
-    assert gpu_checks.horovod_cuda_reason(MPI.COMM_SELF) is None
+    assert gpu_checks.horovod_cuda_verdict(MPI.COMM_SELF) is None
 
 
 def test_the_collective_check_counts_the_ranks_on_the_node(monkeypatch):
     _fake_horovod(monkeypatch, cuda=True, nccl=22803, gpus=1)
     monkeypatch.setattr(gpu_checks, "ranks_on_node", lambda comm: 2)
-    reason = gpu_checks.horovod_cuda_reason(MPI.COMM_SELF, "--algos horovod")
+    reason = gpu_checks.horovod_cuda_verdict(MPI.COMM_SELF, "--algos horovod").line()
     assert reason.startswith("--algos horovod: 2 ranks share 1 GPU")
 
 

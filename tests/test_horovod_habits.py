@@ -31,12 +31,12 @@ def test_horovod_variables_take_effect_with_horovods_meaning():
                          "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "90",
                          "HOROVOD_FUSION_THRESHOLD": str(8 * 2**20),
                          "HOROVOD_TIMELINE": "t.json", "HOROVOD_TIMELINE_MARK_CYCLES": "1",
-                         "HOROVOD_HIERARCHICAL_ALLREDUCE": "1", "HOROVOD_LOG_LEVEL": "DEBUG"})
+                         "HOROVOD_HIERARCHICAL_ALLREDUCE": "1"})
     assert (got.cycle_s, got.cache_capacity, got.stall_check_s, got.stall_shutdown_s) == \
         (0.0025, 0, 30.0, 90.0)
     assert (got.fusion_bytes, got.timeline, got.mark_cycles, got.hierarchical) == \
         (8 * 2**20, "t.json", True, True)
-    assert got.log_level == 10 and got.ignored == ()
+    assert got.ignored == ()
 
 
 def test_hpctrains_own_variable_wins_over_its_horovod_twin():
@@ -73,7 +73,6 @@ def test_every_variable_has_a_kind_and_a_reason():
     ("HOROVOD_FUSION_THRESHOLD", "-1", "HOROVOD_FUSION_THRESHOLD=67108864"),
     ("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "nan", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=120"),
     ("HOROVOD_TIMELINE_MARK_CYCLES", "maybe", "HOROVOD_TIMELINE_MARK_CYCLES=1"),
-    ("HOROVOD_LOG_LEVEL", "loud", "HOROVOD_LOG_LEVEL=warning"),
 ])
 def test_a_value_that_does_not_parse_names_the_variable_and_an_example(name, value, example):
     with pytest.raises(UsageError) as error:

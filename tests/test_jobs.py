@@ -246,7 +246,7 @@ def test_shellcheck_jobs_and_scripts():
     ("4(x3)", 8, ["-N", "2"]), ("", 8, []),
 ])
 def test_study_srun_steps_take_the_fewest_nodes(per_node, ranks, want):
-    from hpctrain.study.launcher import srun_nodes
+    from hpctrain.launch import srun_nodes
 
     assert srun_nodes(ranks, {"SLURM_NTASKS_PER_NODE": per_node}) == want
 

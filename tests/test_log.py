@@ -18,7 +18,8 @@ NUMBERS = itertools.count()
 @pytest.fixture
 def setup(monkeypatch):
     """``setup(name)``: a fresh logger ``name`` under a test root, set up as hpctrain's."""
-    for name in (log.LEVEL_VARIABLE, log.RANKS_VARIABLE, "OMPI_COMM_WORLD_RANK", "PMI_RANK",
+    for name in (log.LEVEL_VARIABLE, log.HOROVOD_LEVEL_VARIABLE, log.RANKS_VARIABLE,
+                 "OMPI_COMM_WORLD_RANK", "PMI_RANK",
                  "SLURM_PROCID", "PMIX_RANK"):
         monkeypatch.delenv(name, raising=False)
     root = f"logtest{next(NUMBERS)}"
@@ -70,6 +71,7 @@ def test_the_package_logger_is_set_up_once():
 
 
 @pytest.mark.parametrize("name, value", [(log.LEVEL_VARIABLE, "loud"),
+                                         (log.HOROVOD_LEVEL_VARIABLE, "loud"),
                                          (log.RANKS_VARIABLE, "some")])
 def test_a_bad_value_names_the_variable_and_an_example(setup, monkeypatch, name, value):
     monkeypatch.setenv(name, value)
@@ -89,3 +91,13 @@ def test_the_rank_that_logs_is_the_job_worlds_once_set(setup, capsys, monkeypatc
     log.set_rank(0)                                         # rank 0 of the survivors, say
     top.info("rank 0 of the job's world")
     assert lines(capsys) == [f"[{root}] rank 0 of the job's world"]
+
+
+def test_horovods_level_where_hpctrains_is_not_set(setup, monkeypatch):
+    monkeypatch.setenv(log.HOROVOD_LEVEL_VARIABLE, "TRACE")
+    top, _ = setup()
+    assert top.level == logging.DEBUG
+    monkeypatch.setenv(log.LEVEL_VARIABLE, "error")     # hpctrain's own wins
+    other = logging.getLogger(f"logtest{next(NUMBERS)}")
+    log.setup(other)
+    assert other.level == logging.ERROR

@@ -22,7 +22,7 @@ import torch
 
 from .. import collectives, faults, gpu_checks, mpi_support
 from ..devices import rank_device
-from ..errors import UsageError, Verdict
+from ..errors import UsageError
 from ..runtime import checks
 from . import report
 from .sizes import format_size, size_range
@@ -133,16 +133,16 @@ def horovod_on_device(algos, args, comm):
     when ``--algos`` named it, a footnote (returned) when it came from the default list.
 
     Synchronisation point for ``--device cuda`` with Horovod among ``algos``: every rank
-    takes the same verdict (:func:`hpctrain.gpu_checks.horovod_cuda_reason`)."""
+    takes the same verdict (:func:`hpctrain.gpu_checks.horovod_cuda_verdict`)."""
     if args.device != "cuda" or "horovod" not in algos:
         return algos, None
     option = "--device cuda with --algos horovod"
-    reason = gpu_checks.horovod_cuda_reason(comm, option)
-    if reason is None:
+    verdict = gpu_checks.horovod_cuda_verdict(comm, option)
+    if verdict is None:
         return algos, None
     if args.algos:
-        raise Verdict.everywhere(reason, comm)
-    return [a for a in algos if a != "horovod"], f"# horovod left out: {reason}"
+        raise verdict
+    return [a for a in algos if a != "horovod"], f"# horovod left out: {verdict.line()}"
 
 
 #: Timed rounds per size: the algorithms take turns, ROUNDS times, in rotated order.

@@ -18,11 +18,7 @@ before parsing, and the plug-ins make their data through the object the driver h
 
 from collections.abc import Mapping
 
-from ..collectives.algorithm import INTERFACES, BenchCommand, BenchPlugin
-
-#: The plug-in and its command line by the names this module gave them before.
-Command, Plugin = BenchCommand, BenchPlugin
-
+from ..collectives.algorithm import INTERFACES
 
 class Plugins(Mapping):
     """collective -> its plug-in, for every interface that declares one, in the order the

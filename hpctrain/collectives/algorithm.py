@@ -109,14 +109,6 @@ def interface(interface_class):
     return interface_class
 
 
-def __getattr__(name):
-    # COLLECTIVES: the registries open now, allreduce's first, then each collective's in
-    # the order its interface was declared.
-    if name == "COLLECTIVES":
-        return tuple(REGISTRIES)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def algorithm_code(name):
     """The number the mismatch check compares for an algorithm (the same on every rank)."""
     return zlib.crc32(name.encode())

@@ -40,6 +40,24 @@ def find_mpirun():
     return mpirun
 
 
+def srun_command(np, command, environ=None):
+    """The ``srun`` argv that starts ``command`` on ``np`` tasks of this Slurm allocation:
+    ``srun --mpi=pmix --kill-on-bad-exit=1 -N K -n NP`` (K: :func:`srun_nodes`)."""
+    return ["srun", "--mpi=pmix", "--kill-on-bad-exit=1", *srun_nodes(np, environ),
+            "-n", str(np), *command]
+
+
+def srun_nodes(ranks, environ=None):
+    """``-N K``: the fewest nodes of the allocation that hold ``ranks`` tasks, so that a sweep
+    over rank counts is a sweep over node counts (srun would otherwise spread the tasks over
+    every node). Nothing when the allocation does not say its tasks per node."""
+    environ = os.environ if environ is None else environ
+    per_node = environ.get("SLURM_NTASKS_PER_NODE", "").split("(")[0]
+    if not per_node.isdigit() or int(per_node) < 1:
+        return []
+    return ["-N", str(-(-ranks // int(per_node)))]
+
+
 def mpirun_command(np, command, *, mpirun="mpirun", extra=(), tty=False):
     """The ``mpirun`` argv that runs ``command`` on ``np`` local ranks.
 

@@ -54,8 +54,7 @@ from .. import elastic as contract
 from .. import mpi_support
 from ..errors import UsageError
 from . import find_mpirun, kill_launch, launch_environment, mpirun_command, split_options
-from .hosts import (DiscoveryError, discover, fit, host_list, parse_host_list, parse_hostfile,
-                    ranks_for, total_slots)
+from .hosts import DiscoveryError, discover, fit, given_hosts, host_list, ranks_for, total_slots
 
 NAME = "python -m hpctrain.launch --elastic"
 SAY = "[hpctrain.launch]"
@@ -185,18 +184,9 @@ def first_hosts(options):
     try:
         if options.discovery is not None:
             return discover(options.discovery)
-        if options.host_list is not None:
-            return parse_host_list(options.host_list, f"-H {options.host_list}")
-        if options.hostfile is not None:
-            return parse_hostfile(Path(options.hostfile).read_text(),
-                                  f"--hostfile {options.hostfile}")
     except DiscoveryError as exc:
         raise UsageError(f"--host-discovery-script {options.discovery}: {exc}") from None
-    except OSError as exc:
-        raise UsageError(f"--hostfile {options.hostfile}: {exc.strerror}") from None
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    return [("localhost", options.np)]
+    return given_hosts(options.host_list, options.hostfile) or [("localhost", options.np)]
 
 
 def start_np(options, hosts, first):

@@ -39,13 +39,12 @@ import shlex
 import shutil
 import sys
 import textwrap
-from pathlib import Path
 
 from .. import __version__
-from ..elastic import parse_hosts
 from ..errors import UsageError
-from . import PROGRESS_TTY, find_mpirun, launch_environment, mpirun_command
-from .hosts import host_list, parse_hostfile, total_slots
+from ..log import LEVELS
+from . import PROGRESS_TTY, find_mpirun, launch_environment, mpirun_command, srun_command
+from .hosts import given_hosts, host_list, total_slots
 
 NAME = "hpctrain-horovodrun"
 EXAMPLE = f"{NAME} -np 8 -H host1:4,host2:4 python train.py"
@@ -53,7 +52,6 @@ EXAMPLE = f"{NAME} -np 8 -H host1:4,host2:4 python train.py"
 #: allocation when no hosts are named, mpirun otherwise).
 LAUNCHER = "HPCTRAIN_LAUNCHER"
 MIB = 1 << 20
-LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
 #: The log level ``--verbose`` asks of the ranks where ``--log-level`` gives none.
 VERBOSE_LOG_LEVEL = "DEBUG"
 
@@ -95,8 +93,8 @@ def _fraction(text):
 
 
 def _log_level(text):
-    if text.upper() not in LOG_LEVELS:
-        raise ValueError(f"give one of {', '.join(LOG_LEVELS)}")
+    if text.lower() not in LEVELS:
+        raise ValueError(f"give one of {', '.join(name.upper() for name in LEVELS)}")
     return text.upper()
 
 
@@ -325,32 +323,8 @@ def _check(options):
 
 
 def read_hosts(options):
-    """``[(host, slots), ...]`` from ``-H`` or ``--hostfile``; ``None`` when neither is given;
-    ``UsageError`` naming the entry that is not ``HOST:SLOTS``."""
-    if options.hostfile is not None:
-        try:
-            text = Path(options.hostfile).read_text()
-        except OSError as exc:
-            raise UsageError(f"--hostfile {options.hostfile}: {exc.strerror}") from None
-        try:
-            hosts = parse_hostfile(text, f"--hostfile {options.hostfile}")
-        except ValueError as exc:
-            raise UsageError(f"{exc}; a hostfile has one `HOST slots=N` per line") from None
-        source = f"--hostfile {options.hostfile}"
-    elif options.hosts is not None:
-        hosts = []
-        for entry in options.hosts.split(","):
-            try:
-                hosts += parse_hosts(entry, "-H")
-            except ValueError:
-                raise UsageError(f"-H {options.hosts}: {entry!r} is not HOST:SLOTS (SLOTS a "
-                                 f"whole number >= 1), e.g. -H host1:4,host2:4") from None
-        source = f"-H {options.hosts}"
-    else:
-        return None
-    if not hosts:
-        raise UsageError(f"{source} names no host, e.g. -H host1:4,host2:4")
-    return hosts
+    """``[(host, slots), ...]`` from ``-H`` or ``--hostfile``; ``None`` when neither is given."""
+    return given_hosts(options.hosts, options.hostfile)
 
 
 def choose_launcher(options, environ):
@@ -446,7 +420,7 @@ def plan(options, environ, *, tty=False):
     if launcher == "srun":
         if tty:
             env[PROGRESS_TTY] = "1"
-        argv = ["srun", "--mpi=pmix", "--kill-on-bad-exit=1", "-n", str(np), *options.command]
+        argv = srun_command(np, options.command, environ)
         return Launch(argv, env, settings)
     extra = ["--map-by", "slot"]
     if hosts is not None:

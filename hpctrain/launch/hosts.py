@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 from ..elastic import parse_hosts
+from ..errors import UsageError
 from . import kill_launch
 
 #: Seconds a discovery script may take; one that takes longer is killed and counts as failed.
@@ -17,8 +18,36 @@ DISCOVERY_TIMEOUT = 30
 
 def parse_host_list(text, source):
     """``[(host, slots), ...]`` from ``HOST[:SLOTS],...`` (mpirun's -H); ``ValueError``
-    naming ``source`` for anything else."""
-    return parse_hosts(text.replace(",", "\n"), source)
+    naming ``source`` and the entry for anything else."""
+    hosts = []
+    for entry in text.split(","):
+        try:
+            hosts += parse_hosts(entry, source)
+        except ValueError:
+            raise ValueError(f"{source}: {entry!r} is not HOST or HOST:SLOTS (SLOTS a whole "
+                             f"number >= 1), e.g. -H host1:4,host2:4") from None
+    return hosts
+
+
+def given_hosts(host_list, hostfile):
+    """The hosts of ``-H`` (``host_list``) or ``--hostfile``, whichever is given (``None``
+    when neither is); ``UsageError`` naming the option for a file that cannot be read, an
+    entry or line that is not a host, or a source that names none."""
+    try:
+        if host_list is not None:
+            source, hosts = f"-H {host_list}", parse_host_list(host_list, f"-H {host_list}")
+        elif hostfile is not None:
+            source = f"--hostfile {hostfile}"
+            hosts = parse_hostfile(Path(hostfile).read_text(), source)
+        else:
+            return None
+    except OSError as exc:
+        raise UsageError(f"--hostfile {hostfile}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if not hosts:
+        raise UsageError(f"{source} names no host, e.g. -H host1:4,host2:4")
+    return hosts
 
 
 def parse_hostfile(text, source):

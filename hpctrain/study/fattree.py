@@ -8,7 +8,7 @@ few flows leave each leaf at once. Here SimGrid (its s4u API, a flow-level model
 fair sharing) runs the algorithm's messages over such a tree:
 
 - **the tree**: ``ranks`` hosts, one rank each, ``hosts_per_leaf`` to a leaf switch; each
-  host's link has a preset's bandwidth each way (:data:`plan.LINKS <.plan.LINKS>`) and half
+  host's link has a preset's bandwidth each way (:func:`.links.at_line`) and half
   its latency (a message crosses two host links, so it pays the preset's latency once); each
   leaf's uplink carries ``hosts_per_leaf x bandwidth / oversubscription`` each way, with no
   latency. The spine layer is one switch: the uplinks of a leaf are lumped into one link, the
@@ -40,6 +40,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from ..errors import UsageError
+from .links import at_line
 
 #: Where Debian's ``python3-simgrid`` puts its extension module.
 DEBIAN_DIST_PACKAGES = "/usr/lib/python3/dist-packages"
@@ -97,8 +98,6 @@ class Step:
 def fat_tree(ranks, hosts_per_leaf, oversubscription, link="ib-edr", reduce_rate=100e9):
     """A :class:`FatTree`, its input checked: whole leaves, oversubscription >= 1, a known
     link preset."""
-    from .plan import LINKS
-
     if ranks < 2:
         raise UsageError(f"--ranks {ranks}: give 2 or more ranks")
     if hosts_per_leaf < 1 or ranks % hosts_per_leaf:
@@ -109,9 +108,8 @@ def fat_tree(ranks, hosts_per_leaf, oversubscription, link="ib-edr", reduce_rate
     if not oversubscription >= 1:
         raise UsageError(f"--oversubscription {oversubscription:g}: give 1 (non-blocking) or "
                          f"more, e.g. 2 or 4 for 2:1 or 4:1")
-    if link not in LINKS:
-        raise UsageError(f"unknown link {link!r}; presets: {', '.join(LINKS)}")
-    latency, bandwidth = LINKS[link]
+    preset = at_line(link)
+    latency, bandwidth = preset.latency, preset.line
     return FatTree(ranks, hosts_per_leaf, float(oversubscription), link, latency, bandwidth,
                    reduce_rate)
 

@@ -9,7 +9,7 @@ import shlex
 import sys
 
 from ..errors import UsageError
-from ..launch import launch_environment, mpirun_command, run_bounded
+from ..launch import launch_environment, mpirun_command, run_bounded, srun_command
 
 
 def command(launcher, ranks, argv):
@@ -17,8 +17,7 @@ def command(launcher, ranks, argv):
 
     ``local``: this machine's mpirun with the flags of :func:`hpctrain.launch.mpirun_command`
     (``--allow-run-as-root`` as root, ``--oversubscribe``, ``--bind-to none``);
-    ``srun``: ``srun --mpi=pmix --kill-on-bad-exit=1 -N K -n N`` inside a Slurm allocation
-    (K: :func:`srun_nodes`);
+    ``srun``: :func:`hpctrain.launch.srun_command`, inside a Slurm allocation;
     anything else is a command prefix that takes ``-np N`` (for example
     ``scripts/vcluster mpirun``).
     """
@@ -27,20 +26,8 @@ def command(launcher, ranks, argv):
     if launcher == "srun":
         if "SLURM_JOB_ID" not in os.environ:
             raise UsageError("--launcher srun needs a Slurm allocation (salloc or sbatch)")
-        return ["srun", "--mpi=pmix", "--kill-on-bad-exit=1", *srun_nodes(ranks),
-                "-n", str(ranks), *argv]
+        return srun_command(ranks, argv)
     return [*shlex.split(launcher), "-np", str(ranks), *argv]
-
-
-def srun_nodes(ranks, environ=None):
-    """``-N K``: the fewest nodes of the allocation that hold ``ranks`` tasks, so that a sweep
-    over rank counts is a sweep over node counts (srun would otherwise spread the tasks over
-    every node). Nothing when the allocation does not say its tasks per node."""
-    environ = os.environ if environ is None else environ
-    per_node = environ.get("SLURM_NTASKS_PER_NODE", "").split("(")[0]
-    if not per_node.isdigit() or int(per_node) < 1:
-        return []
-    return ["-N", str(-(-ranks // int(per_node)))]
 
 
 def run(launcher, ranks, argv, timeout):

@@ -104,10 +104,18 @@ PRESETS = {link.name: link for link in [
 #: Earlier names, each the generation it stood for.
 ALIASES = {"nvlink": "nvlink-v100", "pcie": "pcie3"}
 
-#: Every name: ``(latency s, line rate bytes/s)``, the nominal figures (a simulated fabric's
-#: links are built from them, :mod:`.fattree`).
-LINKS = {name: (PRESETS[ALIASES.get(name, name)].latency, PRESETS[ALIASES.get(name, name)].line)
-         for name in (*ALIASES, *PRESETS)}
+#: Every name a preset answers to.
+NAMES = (*ALIASES, *PRESETS)
+
+
+def at_line(name):
+    """The preset ``name`` at its nominal line rate (busbw, low and high all the line: what a
+    simulated fabric's links are built from, :mod:`.fattree`); ``UsageError`` for an unknown
+    name."""
+    if name not in NAMES:
+        raise UsageError(f"unknown link {name!r}; presets: {', '.join(NAMES)}")
+    preset = PRESETS[ALIASES.get(name, name)]
+    return replace(preset, busbw=preset.line, low=preset.line, high=preset.line)
 
 
 def parse_latency(text):

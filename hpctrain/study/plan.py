@@ -24,7 +24,7 @@ from .. import models
 from ..collectives import cost
 from ..errors import UsageError
 from . import architectures, links
-from .links import LINKS
+from .links import at_line
 from .overheads import Figure, Overheads, exact, expected_max, figure
 from .step import POLICIES, Cluster, gradients, measured_gradients, predict
 
@@ -64,18 +64,10 @@ def links_cluster(ranks_per_node, intra, inter, adapters=1, reduce_rate=100e9,
 
 def link_cluster(ranks_per_node, intra, inter, efficiency=1.0, adapters=1,
                  reduce_rate=100e9):
-    """A cluster from preset names at their nominal line rates (:data:`.links.LINKS`, what a
-    simulated fabric is built from): ``efficiency`` scales both, ``adapters`` multiplies the
-    one between nodes; ``reduce_rate`` (bytes/s) is one rank's summing speed."""
-    for name in (intra, inter):
-        if name not in LINKS:
-            raise UsageError(f"unknown link {name!r}; presets: {', '.join(LINKS)}")
-    (a_in, bw_in), (a_out, bw_out) = LINKS[intra], LINKS[inter]
-    params = cost.Params(a_in, 1 / (bw_in * efficiency), 1 / reduce_rate, a_out,
-                         1 / (bw_out * efficiency * adapters))
-    return Cluster(ranks_per_node, params,
-                   f"{ranks_per_node} ranks per node on {intra}, {adapters} x {inter} between "
-                   f"nodes, {efficiency:.0%} of line rate, reduction {reduce_rate / 1e9:g} GB/s")
+    """:func:`links_cluster` of preset names at their nominal line rates
+    (:func:`.links.at_line`, what a simulated fabric is built from)."""
+    return links_cluster(ranks_per_node, at_line(intra), at_line(inter), adapters, reduce_rate,
+                         efficiency)
 
 
 def computed(layers, batch, samples_per_s, measured=None):
@@ -558,8 +550,9 @@ def _overhead_lines(overheads):
     """``(term, its input and source)`` for every term of what hidden communication costs."""
     o = overheads
     return [("stragglers", f"spread of one rank's step {o.spread.describe(' %', 100)} "
-                           f"({o.spread.source}): the slowest of p is E[max] = 2.59 σ later "
-                           f"at p = 128, {expected_max(512):.2f} σ at 512"),
+                           f"({o.spread.source}): the slowest of p is E[max] = "
+                           f"{expected_max(128):.2f} σ later at p = 128, "
+                           f"{expected_max(512):.2f} σ at 512"),
             ("tail", f"update after the last reduction {o.update_s.describe(' ms', 1e3)} "
                      f"({o.update_s.source}); the last reduction's own time is in exposed"),
             ("slowdown", f"backward x {o.slowdown.describe()} while a reduction runs beside "

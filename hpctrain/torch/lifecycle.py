@@ -4,7 +4,6 @@ backend (Horovod's under ``horovod``, else hpctrain's own), the engine's handler
 joined rank's allreduce, the process sets given to ``init``. ``shutdown`` and the queries
 stay in :mod:`.basics`."""
 
-import logging
 
 from . import basics
 from .basics import World, adopt, choose_algorithm, is_initialized
@@ -59,8 +58,6 @@ def init(comm=None, process_sets=None, allreduce=None):
             auto.use(auto.load(auto.profile_path(), comm))
     world = World(comm, algo, NATIVE, joined_allreduce, settings)
     adopt(world)
-    if settings.log_level is not None:
-        logging.getLogger("hpctrain").setLevel(settings.log_level)
     if algo == "horovod":
         world.backend = HorovodBackend(world)
         return                      # Horovod reads its own variables

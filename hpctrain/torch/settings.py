@@ -21,16 +21,10 @@ Under ``HPCTRAIN_ALLREDUCE=horovod`` the real Horovod reads its own variables; n
 applies.
 """
 
-import logging
 import os
 from dataclasses import dataclass
 
 from ..errors import UsageError
-
-#: Horovod's log levels and the ``logging`` level each becomes.
-LOG_LEVELS = {"trace": logging.DEBUG, "debug": logging.DEBUG, "info": logging.INFO,
-              "warning": logging.WARNING, "error": logging.ERROR, "fatal": logging.CRITICAL}
-
 
 @dataclass(frozen=True)
 class Settings:
@@ -45,7 +39,6 @@ class Settings:
     timeline: object = None             # a path: rank 0 records a timeline from init
     mark_cycles: bool = False           # the timeline marks each negotiation
     hierarchical: bool = False          # the default algorithm is ``hierarchical``
-    log_level: object = None            # a ``logging`` level for the ``hpctrain`` logger
     ignored: tuple = ()                 # (variable, why) of each ignored one that is set
 
 
@@ -69,14 +62,6 @@ def _number(name, value, kind, example):
     return number
 
 
-def _log_level(name, value):
-    level = LOG_LEVELS.get(value.strip().lower())
-    if level is None:
-        raise UsageError(f"{name}={value!r} is not a log level: one of "
-                         f"{', '.join(LOG_LEVELS)}, e.g. {name}=warning")
-    return level
-
-
 #: Horovod 0.28.1's runtime variables that concern ``horovod.torch``: what hpctrain does with
 #: each (``honoured``, ``mapped`` or ``ignored``) and how. The first column of docs/torch.md's
 #: table; ``read`` implements the first two kinds.
@@ -93,8 +78,8 @@ HOROVOD_VARIABLES = {
                                          "an operation waits for (`HPCTRAIN_STALL_CHECK_S`)"),
     "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": ("honoured", "seconds of stall after which every "
                                             "rank shuts down, alike (0: never)"),
-    "HOROVOD_LOG_LEVEL": ("honoured", "the level of the `hpctrain` logger (trace is debug, "
-                          "fatal is critical)"),
+    "HOROVOD_LOG_LEVEL": ("honoured", "the level of the `hpctrain` logger, where "
+                          "`HPCTRAIN_LOG_LEVEL` is not set (trace is debug, fatal critical)"),
     "HOROVOD_DYNAMIC_PROCESS_SETS": ("honoured", "nothing to do: sets may always be added "
                                      "and removed"),
     "HOROVOD_ELASTIC": ("honoured", "nothing to do: `hvd.elastic.run` works with or without "
@@ -135,61 +120,53 @@ HOROVOD_VARIABLES = {
 }
 
 
-def _first(environ, ours, theirs):
-    """``(name, value)`` of the first of the two variables that is set, else ``(None, None)``."""
-    for name in (ours, theirs):
-        value = environ.get(name) if name else None
-        if value is not None and value.strip():
-            return name, value
-    return None, None
+def _seconds_of_ms(name, value):
+    return _number(name, value, float, "1") / 1000
+
+
+def _count(example):
+    return lambda name, value: _number(name, value, int, example)
+
+
+def _seconds(example):
+    return lambda name, value: _number(name, value, float, example)
+
+
+#: ``(field of Settings, hpctrain's variable, Horovod's, parse(name, value))``: the first of the
+#: two that is set gives the field.
+VALUES = (
+    ("cycle_s", "HPCTRAIN_CYCLE_TIME_MS", "HOROVOD_CYCLE_TIME", _seconds_of_ms),
+    ("stall_check_s", "HPCTRAIN_STALL_CHECK_S", "HOROVOD_STALL_CHECK_TIME_SECONDS",
+     _seconds("60")),
+    ("stall_shutdown_s", None, "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", _seconds("120")),
+    ("deadlock_s", "HPCTRAIN_DEADLOCK_S", None, _seconds("2")),
+    ("cache_capacity", None, "HOROVOD_CACHE_CAPACITY", _count("1024")),
+    ("fusion_bytes", None, "HOROVOD_FUSION_THRESHOLD", _count(str(64 * 2**20))),
+    ("timeline", None, "HOROVOD_TIMELINE", lambda name, value: value),
+    ("mark_cycles", None, "HOROVOD_TIMELINE_MARK_CYCLES", _boolean),
+    ("hierarchical", None, "HOROVOD_HIERARCHICAL_ALLREDUCE", _boolean),
+)
+#: Values of ignored variables that ask for what hpctrain does anyway: not worth a warning.
+AS_HERE = {"HOROVOD_CPU_OPERATIONS": "mpi", "HOROVOD_CONTROLLER": "mpi"}
 
 
 def read(environ=None):
     """The :class:`Settings` of ``environ`` (default ``os.environ``); ``UsageError`` naming
-    the variable and a valid example for a value that does not parse."""
+    the variable and a valid example for a value that does not parse. (The log level is
+    :mod:`hpctrain.log`'s, read when the logger is set up.)"""
     env = os.environ if environ is None else environ
     found = {}
-    name, value = _first(env, "HPCTRAIN_CYCLE_TIME_MS", "HOROVOD_CYCLE_TIME")
-    if name:
-        found["cycle_s"] = _number(name, value, float, "1") / 1000
-    name, value = _first(env, "HPCTRAIN_STALL_CHECK_S", "HOROVOD_STALL_CHECK_TIME_SECONDS")
-    if name:
-        found["stall_check_s"] = _number(name, value, float, "60")
+    for field, *names, parse in VALUES:
+        name = next((n for n in names if n and env.get(n, "").strip()), None)
+        if name:
+            found[field] = parse(name, env[name])
     if _boolean("HOROVOD_STALL_CHECK_DISABLE", env.get("HOROVOD_STALL_CHECK_DISABLE", "")):
         found["stall_check_s"] = 0.0
-    name, value = _first(env, None, "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS")
-    if name:
-        found["stall_shutdown_s"] = _number(name, value, float, "120")
-    name, value = _first(env, "HPCTRAIN_DEADLOCK_S", None)
-    if name:
-        found["deadlock_s"] = _number(name, value, float, "2")
-    name, value = _first(env, None, "HOROVOD_CACHE_CAPACITY")
-    if name:
-        found["cache_capacity"] = _number(name, value, int, "1024")
-    name, value = _first(env, None, "HOROVOD_FUSION_THRESHOLD")
-    if name:
-        found["fusion_bytes"] = _number(name, value, int, str(64 * 2**20))
-    name, value = _first(env, None, "HOROVOD_TIMELINE")
-    if name:
-        found["timeline"] = value
-    found["mark_cycles"] = _boolean("HOROVOD_TIMELINE_MARK_CYCLES",
-                                    env.get("HOROVOD_TIMELINE_MARK_CYCLES", ""))
-    found["hierarchical"] = _boolean("HOROVOD_HIERARCHICAL_ALLREDUCE",
-                                     env.get("HOROVOD_HIERARCHICAL_ALLREDUCE", ""))
-    name, value = _first(env, "HPCTRAIN_LOG_LEVEL", "HOROVOD_LOG_LEVEL")
-    if name:
-        found["log_level"] = _log_level(name, value)
-    found["ignored"] = tuple((var, why) for var, (kind, why) in HOROVOD_VARIABLES.items()
-                             if kind == "ignored" and _set_to_something(env, var))
+    found["ignored"] = tuple(
+        (var, why) for var, (kind, why) in HOROVOD_VARIABLES.items()
+        if kind == "ignored" and env.get(var, "").strip() not in ("", "0")
+        and env[var].strip().lower() != AS_HERE.get(var))
     return Settings(**found)
-
-
-def _set_to_something(env, name):
-    """Set, and not to its "off" value (``HOROVOD_AUTOTUNE=0`` asks for nothing)."""
-    value = env.get(name, "").strip()
-    return value not in ("", "0") and not (name == "HOROVOD_CPU_OPERATIONS"
-                                           and value.lower() == "mpi") \
-        and not (name == "HOROVOD_CONTROLLER" and value.lower() == "mpi")
 
 
 def ignored_message(settings):

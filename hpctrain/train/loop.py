@@ -241,7 +241,7 @@ class Run:
         Return the checkpoint as ``(path, state)``, or ``(None, None)``. Bad input raises
         ``UsageError``."""
         build.check_world(config, self.size)
-        resume_path, saved = checkpoint.find(config.resume, config.run_path, log=LOG.warning)
+        resume_path, saved = checkpoint.find(config.resume, config.run_path)
         if saved is not None:
             resume.check_checkpoint(saved, config, self.size, resume_path)
         if open_data:

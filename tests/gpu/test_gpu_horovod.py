@@ -64,9 +64,9 @@ def test_algo_horovod_on_cuda_tensors_matches_the_cpu_ring(hvd, device, dtype):
 
 
 def test_hvd_allreduce_of_a_cuda_tensor(hvd, device):
-    from hpctrain.collectives.horovod import horovod
+    from hpctrain.collectives.horovod import start
 
-    horovod(COMM)                   # initialised over COMM_WORLD, if no test did it yet
+    start(COMM)                     # initialised over COMM_WORLD, if no test did it yet
     tensor = torch.full((1 << 20,), float(RANK + 1), device=device)
     summed = hvd.allreduce(tensor, op=hvd.Sum, name="gpu-check")
     ok = summed.device == device and bool((summed == SIZE * (SIZE + 1) / 2).all())

@@ -18,12 +18,16 @@ def test_ranks_on_node_counts_this_nodes_ranks(comm):
     all_ranks(comm, ok, [f"ranks on node {on_node}, size {comm.size}"])
 
 
+def one_line(verdict):
+    return None if verdict is None else verdict.line()
+
+
 @pytest.mark.parametrize("culprit", [0, -1])
 def test_one_ranks_problem_reaches_every_rank_named_by_rank(comm, monkeypatch, culprit):
     culprit %= comm.size
     monkeypatch.setattr(gpu_checks, "_horovod_problem",
                         lambda c, on_node, option: "problem" if comm.rank == culprit else None)
-    reason = gpu_checks.horovod_cuda_reason(comm, "x")
+    reason = one_line(gpu_checks.horovod_cuda_verdict(comm, "x"))
     # The same words on every rank; the culprit is named unless it is every rank.
     want = "problem" if comm.size == 1 else f"problem (rank {culprit} of {comm.size})"
     all_ranks(comm, reason == want, [f"got {reason!r}, want {want!r}"])
@@ -37,7 +41,7 @@ def test_every_distinct_problem_is_named_once_with_its_ranks(comm, monkeypatch):
     # Two kinds of node: rank 0 finds one problem, every other rank another.
     monkeypatch.setattr(gpu_checks, "_horovod_problem",
                         lambda c, on_node, option: f"kind {min(comm.rank, 1)}")
-    reason = gpu_checks.horovod_cuda_reason(comm, "x")
+    reason = one_line(gpu_checks.horovod_cuda_verdict(comm, "x"))
     others = ", ".join(map(str, range(1, comm.size)))
     want = {1: "kind 0", 2: "kind 0 (rank 0 of 2); kind 1 (rank 1 of 2)"}.get(
         comm.size, f"kind 0 (rank 0 of {comm.size}); kind 1 (ranks {others} of {comm.size})")
@@ -46,5 +50,5 @@ def test_every_distinct_problem_is_named_once_with_its_ranks(comm, monkeypatch):
 
 def test_no_problem_anywhere_is_none_everywhere(comm, monkeypatch):
     monkeypatch.setattr(gpu_checks, "_horovod_problem", lambda c, on_node, option: None)
-    reason = gpu_checks.horovod_cuda_reason(comm, "x")
+    reason = one_line(gpu_checks.horovod_cuda_verdict(comm, "x"))
     all_ranks(comm, reason is None, [f"got {reason!r}"])

@@ -46,25 +46,35 @@ def total(process_set=hvd.global_process_set):
     return hvd.allreduce(t, op=hvd.Sum, process_set=process_set).item()
 
 
+def my_half():
+    """``(rank, size, communicator)``: COMM_WORLD split into its even and its odd ranks."""
+    from mpi4py import MPI
+    world = MPI.COMM_WORLD
+    rank = world.Get_rank()
+    return rank, world.Get_size(), world.Split(rank % 2, key=rank)
+
+
+def sums_right(what, process_set=hvd.global_process_set):
+    """Check an allreduce on ``process_set`` (its ranks, once registered)."""
+    got = total(process_set)
+    return check(what, got == sum(r + 1 for r in process_set.ranks), got)
+
+
 def uninit():
     from mpi4py import MPI
     before = MPI.Is_initialized()
     hvd.init()
     ok = [check("MPI was not started before init", not before, before)]
-    size = hvd.size()
     ok.append(check("init started MPI at MPI_THREAD_MULTIPLE",
                     MPI.Query_thread() == MPI.THREAD_MULTIPLE, MPI.Query_thread()))
-    got = total()
-    ok.append(check("a sum over the world", got == size * (size + 1) / 2, got))
+    ok.append(sums_right("a sum over the world"))
     return all(ok)
 
 
 def split():
     from mpi4py import MPI
-    world = MPI.COMM_WORLD
-    rank, size = world.Get_rank(), world.Get_size()
-    sub = world.Split(rank % 2, key=rank)
-    clone = world.Dup()
+    rank, size, sub = my_half()
+    clone = MPI.COMM_WORLD.Dup()
     ok = []
     try:
         hvd.init(process_sets=[hvd.ProcessSet(sub), hvd.ProcessSet(clone)])
@@ -81,27 +91,22 @@ def split():
     want_id = 1 if rank % 2 == 0 else 2
     ok.append(check("sets numbered as Horovod: the evens 1, the odds 2",
                     mine.process_set_id == want_id, mine.process_set_id))
-    got = total(mine)
-    ok.append(check("a sum over each set", got == sum(r + 1 for r in mine.ranks), got))
+    ok.append(sums_right("a sum over each set", mine))
     ok.append(check("the global set is the world's", hvd.global_process_set.ranks ==
                     list(range(size)), hvd.global_process_set))
-    got = total()
-    ok.append(check("a sum over the world still", got == size * (size + 1) / 2, got))
+    ok.append(sums_right("a sum over the world still"))
     return all(ok)
 
 
 def dynamic():
-    from mpi4py import MPI
-    world = MPI.COMM_WORLD
-    rank, size = world.Get_rank(), world.Get_size()
+    rank, size, sub = my_half()
     hvd.init()
-    mine = hvd.add_process_set(hvd.ProcessSet(world.Split(rank % 2, key=rank)))
+    mine = hvd.add_process_set(hvd.ProcessSet(sub))
     ok = [check("add_process_set of each rank's communicator",
                 mine.ranks == list(range(rank % 2, size, 2)), mine)]
-    got = total(mine)
-    ok.append(check("a sum over each set", got == sum(r + 1 for r in mine.ranks), got))
+    ok.append(sums_right("a sum over each set", mine))
     try:
-        hvd.add_process_set(hvd.ProcessSet(world.Split(rank % 2, key=rank)))
+        hvd.add_process_set(hvd.ProcessSet(my_half()[2]))
         raised = None
     except ValueError as exc:
         raised = exc
@@ -133,9 +138,8 @@ def comm_list():
 
 def timeline():
     hvd.init()
-    size, rank = hvd.size(), hvd.rank()
-    got = total()
-    summed = check("a sum over the world", got == size * (size + 1) / 2, got)
+    rank = hvd.rank()
+    summed = sums_right("a sum over the world")
     path = os.environ["HOROVOD_TIMELINE"]
     hvd.shutdown()              # the engine ends: the file is complete
     names = set()
