@@ -170,9 +170,17 @@ def test_horovods_published_efficiencies_term_by_term():
     rows, _ = plan.horovod_benchmark()
     assert len(rows) == 6
     for row in rows:
-        # Every term only adds to the step; the band holds the prediction; within 10 points
-        # (docs/studies.md gives the residual errors).
+        # Every term only adds to the step; the band holds the prediction.
         stages = list(row["stages"].values())
         assert stages == sorted(stages, reverse=True), row
         assert row["low"] <= row["predicted"] <= row["high"] and row["low"] < row["high"]
-        assert abs(row["difference"]) <= 10, row
+        # The residual is solved at 16 GPUs: the plan meets the measured figure there.
+        assert row["predicted_16"] == pytest.approx(row["measured_16"]) and row["residual"] > 0
+    # docs/studies.md: errors of both signs, a mean within 3 points, five of six within 5
+    # points and inside their band; VGG-16 at 512 GPUs is the one left (7.9 points high).
+    differences = [row["difference"] for row in rows]
+    assert min(differences) < 0 < max(differences)
+    assert abs(sum(differences) / len(rows)) <= 3
+    assert {(r["model"], r["gpus"]) for r in rows if abs(r["difference"]) > 5} == \
+        {("vgg16", 512)}
+    assert sum(map(plan.inside_band, rows)) == 5

@@ -4,6 +4,7 @@ RATE[,LATENCY]; the band; strong scaling; bad input."""
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -116,9 +117,10 @@ def test_the_band_holds_the_point_and_rivals_within_it_are_named():
     ends = {end: plan.links_cluster(1, links.PRESETS["25gbe"].at(end),
                                     links.PRESETS["25gbe"].at(end)) for end in
             ("point", "low", "high")}
-    rows = plan.banded(lambda cluster, inputs: plan.plan(
-        layers, 64, 200.0, cluster, 8, ["ring", "hierarchical"], ["hpctrain"],
-        overheads=inputs), ends.get, Overheads(spread=Figure(0.01, 0.0, 0.02)))
+    inputs = Overheads(spread=Figure(0.01, 0.0, 0.02))
+    rows = plan.banded(lambda end: plan.plan(
+        layers, 64, 200.0, ends[end], 8, ["ring", "hierarchical"], ["hpctrain"],
+        overheads=inputs.at(end)))
     for row in rows:
         assert row["efficiency_low"] <= row["efficiency"] <= row["efficiency_high"]
         if row["np"] > 1:       # the link's range and the spread make a band, not a point
@@ -126,6 +128,47 @@ def test_the_band_holds_the_point_and_rivals_within_it_are_named():
     top = plan.best(rows)[-1]
     # One node per rank: ring and hierarchical are the same allreduce, a tie named as such.
     assert "within the noise" in plan.choice_text(top, rows)
+
+
+def test_a_measured_efficiency_leaves_a_residual_that_stays_or_grows_like_the_slowest():
+    # Measured 0.5 at 2 ranks where the plan's step is all compute (3 s): 3 s unexplained,
+    # a share of 1.0 of compute.
+    inputs = Overheads(measured=Figure(0.5, 0.4, 0.6), measured_p=2).solved(3.0, 3.0)
+    assert inputs.residual == pytest.approx(1.0)
+    assert inputs.residual_s(3.0, 1) == 0                   # one rank reduces nothing
+    assert inputs.residual_s(3.0, 2) == pytest.approx(3.0)  # the measured scale, at every end
+    grown = overheads.expected_max(4) / overheads.expected_max(2)     # 1.8245
+    assert inputs.residual_s(3.0, 4) == pytest.approx(3.0 * (1 + grown) / 2)
+    low, high = (replace(inputs, end=end) for end in ("low", "high"))
+    assert low.residual_s(3.0, 4) == pytest.approx(3.0 * grown)       # grows like the slowest
+    assert high.residual_s(3.0, 4) == pytest.approx(3.0)              # stays
+    # At the pessimistic end the measured efficiency's low figure is the one solved for.
+    assert inputs.at("low").measured.value == 0.4 and inputs.at("high").measured.value == 0.6
+    assert inputs.uncertain and inputs.at("low").end == "low"
+    # A plan already slower than the measured run leaves nothing; none without a measurement.
+    assert inputs.solved(7.0, 3.0).residual == 0
+    assert Overheads().solved(7.0, 3.0).residual == 0 and not Overheads().calibrated
+
+
+def test_the_plan_meets_the_measured_efficiency_at_its_scale_and_the_band_holds_it():
+    from hpctrain.study.architectures import Layer
+
+    layers = [Layer("a", 10 << 20, 1.0)]       # 0.98 at 16 ranks without a residual
+    cluster = plan.links_cluster(4, links.PRESETS["pcie3"], links.PRESETS["25gbe"])
+    inputs = Overheads(measured=Figure(0.9, 0.88, 0.92), measured_p=16)
+
+    def weak(end):
+        def rows(given):
+            return plan.plan(layers, 64, 200.0, cluster, 64, ["ring"], ["hpctrain"],
+                             overheads=given)
+        return rows(plan.solved(rows, inputs.at(end) if end != "point" else inputs,
+                                ("ring", "hpctrain")))
+    rows = {r["np"]: r for r in plan.banded(weak)}
+    assert rows[16]["efficiency"] == pytest.approx(0.9)
+    assert (rows[16]["efficiency_low"], rows[16]["efficiency_high"]) == \
+        (pytest.approx(0.88), pytest.approx(0.92))
+    assert rows[1]["residual_s"] == 0 and rows[64]["residual_s"] > rows[16]["residual_s"]
+    assert rows[64]["efficiency_low"] < rows[64]["efficiency"] < rows[64]["efficiency_high"]
 
 
 def _plan(tmp_path, *args):
@@ -139,8 +182,12 @@ def _plan(tmp_path, *args):
 def test_the_command_prints_every_term_the_links_and_the_band(tmp_path):
     done = _plan(tmp_path, "--intra", "pcie3", "--inter", "25gbit,10us", "--spread",
                  "0.01:0.005:0.02", "--slowdown", "1.04", "--negotiation-us", "10:7:33",
-                 "--band", "--global-batch", "1024")
+                 "--band", "--global-batch", "1024", "--samples-per-s", "219:200:240",
+                 "--measured-efficiency", "8=0.9:0.88:0.92")
     assert done.returncode == 0, done.stderr
+    assert "one device 219 (200-240) samples/s" in done.stdout
+    assert "- residual: efficiency 90 (88-92) % measured at 8 ranks" in done.stdout
+    assert "| stragglers ms | residual ms |" in done.stdout
     assert "link pcie3: busbw 12 GB/s (10-12) of 15.8 line" in done.stdout
     assert "link 25gbit,10us: busbw 3.12 GB/s of 3.12 line, 10 µs" in done.stdout
     assert "- stragglers: spread of one rank's step 1 (0.5-2) %" in done.stdout
@@ -158,6 +205,12 @@ def test_the_command_prints_every_term_the_links_and_the_band(tmp_path):
     (("--spread", "-0.01"), "--spread '-0.01': must be at least 0"),
     (("--intra", "12GB/s", "--inter", "25gbit", "--band"), "--band needs an uncertainty"),
     (("--global-batch", "100"), "--global-batch 100: give a multiple of --batch 64"),
+    (("--measured-efficiency", "12=0.9"), "12 ranks is not a point of this plan; give one of "
+                                          "2, 4, 8, 16"),
+    (("--measured-efficiency", "0.9"), "give RANKS=EFFICIENCY[:LOW:HIGH] with RANKS above 1"),
+    (("--measured-efficiency", "16=0.9:0.95:1"), "give an efficiency above 0 as VALUE or "
+                                                 "VALUE:LOW:HIGH with LOW <= VALUE <= HIGH"),
+    (("--samples-per-s", "0"), "--samples-per-s '0': give one device's samples/s above 0"),
 ])
 def test_bad_input_exits_2_naming_the_option_and_a_valid_example(tmp_path, args, message):
     done = _plan(tmp_path, *args)

@@ -113,8 +113,9 @@ def add_parser(subparsers):
                                          "package.module:factory (with --input)")
     planner.add_argument("--input", metavar="C,H,W", help="one sample's shape, for a factory")
     planner.add_argument("--batch", type=int, default=64, help="batch per rank (default: 64)")
-    planner.add_argument("--samples-per-s", type=float,
-                         help="one device's training samples/s at --batch")
+    planner.add_argument("--samples-per-s", metavar="VALUE[:LOW:HIGH]",
+                         help="one device's training samples/s at --batch (a range widens "
+                              "the band: a faster device hides less)")
     planner.add_argument("--measure-compute", action="store_true",
                          help="instead of --samples-per-s: time forward and backward of the "
                               "model at --batch here, each layer's gradient as backward hands "
@@ -160,6 +161,11 @@ def add_parser(subparsers):
     planner.add_argument("--negotiation-rank-us", metavar="VALUE[:LOW:HIGH]",
                          help="µs more per tensor and per rank, for a coordinator that "
                               "gathers every rank's requests (default: 0)")
+    planner.add_argument("--measured-efficiency", metavar="P=VALUE[:LOW:HIGH]",
+                         help="an efficiency measured at P ranks (a smaller run of the same "
+                              "model, cluster, first --algos and --policies): what the terms "
+                              "do not explain there is carried to every p as a residual "
+                              "(e.g. 16=0.94:0.93:0.95)")
     planner.add_argument("--band", action="store_true",
                          help="each efficiency with a low and a high from the inputs' ranges "
                               "(presets' busbw, VALUE:LOW:HIGH figures, measured spreads)")
@@ -176,8 +182,9 @@ def add_parser(subparsers):
                          help="hpctrain's bucket sizes to compare (default: 4,25)")
     planner.add_argument("--fusion-mb", type=float, default=64.0,
                          help="Horovod's fusion buffer (default: 64, its size in 2017)")
-    planner.add_argument("--cycle-ms", type=float, default=1.0,
-                         help="Horovod's cycle time (default: 1)")
+    planner.add_argument("--cycle-ms", type=float, default=None,
+                         help="Horovod's cycle time (default: 1, today's; with "
+                              "--horovod-benchmark 5, the 2017 loop's sleep)")
     planner.add_argument("--against", action="append", default=[], metavar="TRAIN_DIR",
                          help="predict every point a `study train` measured (its --out "
                               "folder; repeatable or comma-separated) from its p = 1 point, "

@@ -12,7 +12,12 @@ p ranks pays besides computing and reducing, each with its stated uncertainty.
   slower (the reduction takes cores on a CPU, SMs and memory bandwidth on a GPU);
 - **negotiation**: the cost of agreeing on each tensor before its reduction, per tensor and
   cycle ``tensor_s`` plus ``rank_s`` per rank (a coordinator that gathers every rank's
-  requests, as Horovod's without its cache, grows linearly with p).
+  requests, as Horovod's without its cache, grows linearly with p);
+- **residual**: what a run measured at ``measured_p`` ranks (its efficiency, ``measured``)
+  cost beyond every term above, carried to the other rank counts as a share of compute
+  (:meth:`Overheads.solved` finds it). One measured scale cannot tell a cost that stays
+  from one that grows like the stragglers', so the pessimistic end grows it as E[max of p]
+  does, the optimistic end keeps it, and the value is halfway (:meth:`Overheads.residual_s`).
 
 Every input is a :class:`Figure`: a value and its low and high.
 """
@@ -80,31 +85,72 @@ def figure(text, option, example, minimum=0.0, source="given"):
 
 @dataclass(frozen=True)
 class Overheads:
-    """The inputs of the four terms (see the module's text); none by default."""
+    """The inputs of the five terms (see the module's text); none by default.
+
+    ``measured`` is an efficiency measured at ``measured_p`` ranks (0: none); ``residual``
+    the share of compute it leaves beyond the other terms there, once :meth:`solved`;
+    ``end`` which end of the band these inputs stand for (:meth:`at`)."""
 
     spread: Figure = field(default_factory=lambda: exact(0.0, "not given"))
     update_s: Figure = field(default_factory=lambda: exact(0.0, "not given"))
     slowdown: Figure = field(default_factory=lambda: exact(1.0, "not given"))
     tensor_s: Figure = field(default_factory=lambda: exact(0.0, "not given"))
     rank_s: Figure = field(default_factory=lambda: exact(0.0, "not given"))
+    measured: Figure = field(default_factory=lambda: exact(0.0, "not given"))
+    measured_p: int = 0
+    residual: float = 0.0
+    end: str = "point"
+
+    def _figures(self):
+        return [f.name for f in fields(self) if isinstance(getattr(self, f.name), Figure)]
+
+    @property
+    def calibrated(self):
+        """Whether an efficiency measured at some scale is given."""
+        return self.measured_p > 1 and self.measured.value > 0
 
     @property
     def uncertain(self):
-        """Whether any input has a range."""
-        return any(getattr(self, f.name).uncertain for f in fields(self))
+        """Whether any input has a range (a measured efficiency always has one: how its
+        residual grows with p)."""
+        return self.calibrated or any(getattr(self, name).uncertain
+                                      for name in self._figures())
 
     def at(self, end):
         """The inputs at the pessimistic (``"low"`` efficiency) or optimistic end."""
-        # A low efficiency comes from each cost's high figure.
+        # A low efficiency comes from each cost's high figure, and from the measured
+        # efficiency's low one.
         flip = {"low": "high", "high": "low"}.get(end, end)
-        return replace(self, **{f.name: exact(getattr(self, f.name).at(flip))
-                                for f in fields(self)})
+        return replace(self, end=end, **{
+            name: exact(getattr(self, name).at(end if name == "measured" else flip))
+            for name in self._figures()})
 
     def without(self, *names):
         """These inputs, the terms ``names`` switched off."""
         off = {"spread": 0.0, "update_s": 0.0, "slowdown": 1.0, "tensor_s": 0.0,
-               "rank_s": 0.0}
+               "rank_s": 0.0, "measured": 0.0}
         return replace(self, **{name: exact(off[name], "off") for name in names})
+
+    def solved(self, step_s, compute_s):
+        """These inputs with :attr:`residual` set: the share of compute that makes a step
+        predicted at :attr:`measured_p` without it (``step_s`` of which ``compute_s``
+        computing) take the measured efficiency, compute / step; none where the prediction
+        is already as slow."""
+        if not self.calibrated:
+            return self
+        return replace(self, residual=max(0.0, 1.0 / self.measured.value - step_s / compute_s))
+
+    def residual_s(self, compute_s, p):
+        """The residual's seconds at ``p`` ranks for a step computing ``compute_s``: the
+        share :meth:`solved` found, as it was at the measured scale (the optimistic end),
+        grown as the slowest of p is (E[max of p] over E[max of the measured p], the
+        pessimistic end), or halfway (the value); 0 at one rank."""
+        if p < 2 or not self.calibrated:
+            return 0.0
+        grown = expected_max(p) / expected_max(self.measured_p)
+        weight = {"low": max(1.0, grown), "high": min(1.0, grown)}.get(self.end,
+                                                                       (1.0 + grown) / 2)
+        return self.residual * compute_s * weight
 
     def negotiation_s(self, tensors, p):
         """Seconds to agree on ``tensors`` tensors among ``p`` ranks (0 at one rank)."""

@@ -2,7 +2,8 @@
 
 For a model, a batch per rank, one device's speed and a cluster, the plan predicts at every
 rank count up to the one asked for (1 to 4096): compute, exposed communication, what hidden
-communication still costs (negotiation, slowdown of backward, tail, stragglers), step time,
+communication still costs (negotiation, slowdown of backward, tail, stragglers, and the
+residual an efficiency measured at a smaller scale leaves), step time,
 samples/s and scaling efficiency (weak scaling: samples/s at p over p times one rank's), for
 every allreduce algorithm of the cost model (:mod:`hpctrain.collectives.cost`) and every
 gradient policy, and names the best choice at each scale; with ``--band``, each figure with
@@ -18,7 +19,7 @@ import importlib
 import json
 import math
 import os
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from .. import models
 from ..collectives import cost
@@ -140,13 +141,18 @@ def strong(layers, global_batch, batch, samples_per_s, cluster, algos, policies,
     return rows
 
 
-def banded(predict_rows, cluster_at, overheads):
-    """``predict_rows(cluster, overheads)`` at the inputs' values, each row with the
-    efficiency and samples/s its inputs give at their pessimistic (``_low``) and optimistic
-    (``_high``) ends."""
-    rows = predict_rows(cluster_at("point"), overheads)
+#: Which end of an input gives an efficiency's end: a cost's high figure (or a device's
+#: high rate, hiding less) the low efficiency.
+FLIP = {"low": "high", "high": "low", "point": "point"}
+
+
+def banded(predict_at):
+    """``predict_at(end)`` at the inputs' values (``"point"``), each row with the efficiency
+    and samples/s its inputs give at their pessimistic (``_low``) and optimistic (``_high``)
+    ends."""
+    rows = predict_at("point")
     for end in ("low", "high"):
-        for row, other in zip(rows, predict_rows(cluster_at(end), overheads.at(end))):
+        for row, other in zip(rows, predict_at(end)):
             row[f"efficiency_{end}"] = other["efficiency"]
             row[f"samples_per_s_{end}"] = other["samples_per_s"]
     return rows
@@ -226,16 +232,35 @@ def model_layers(spec, sample_shape=None, **options):
 #: efficiency, in %, at 128 and 512 GPUs, 64 images per GPU, 4 Pascal GPUs per server,
 #: 25 Gbit/s RoCE between servers.
 HOROVOD_PUBLISHED = {"inception_v3": (90, 90), "resnet101": (90, 90), "vgg16": (79, 68)}
-#: One P100's images/s at batch 64 (TensorFlow's benchmarks, DGX-1, synthetic data, 2017).
-P100_IMAGES_PER_S = {"inception_v3": 142.0, "resnet50": 219.0, "resnet152": 91.8,
-                     "vgg16": 154.0}
+#: Horovod's README of August 2017, its two benchmark tables (batch 64, synthetic data): one
+#: Pascal GPU's images/s on the 25 Gbit/s RoCE cluster (4 servers x 4 GPUs) and on a 40 Gbit/s
+#: one (16 x 4), and the speed-up of "RDMA Horovod (allreduce on GPU with NCCL)" at 16 GPUs on
+#: the first, given to a tenth (± 0.05).
+HOROVOD_ONE_GPU = {"inception_v3": 134.4, "resnet101": 119.4, "vgg16": 130.9}
+HOROVOD_ONE_GPU_40G = {"inception_v3": 148.8, "resnet101": 136.0, "vgg16": 149.6}
+HOROVOD_16_GPUS = {"inception_v3": 15.0, "resnet101": 14.6, "vgg16": 13.7}
+HOROVOD_16_SOURCE = ("Horovod's README, August 2017: 4 servers x 4 Pascal GPUs, RoCE 25 Gbit/s, "
+                     "RDMA Horovod, speed-up {:.1f}x of {:g} images/s")
+#: Horovod's background loop of 2017-2018 (v0.9 to v0.13, horovod/tensorflow/mpi_ops.cc,
+#: then horovod/common/operations.cc) sleeps 5 ms before each round of negotiation.
+HOROVOD_2017_CYCLE_MS = 5.0
+
+
+def horovod_rate(model):
+    """One GPU's images/s for ``model``: the benchmark's cluster's own, up to the same
+    README's other Pascal cluster's (the GPU of the 128- and 512-GPU runs is not given)."""
+    ours, other = HOROVOD_ONE_GPU[model], HOROVOD_ONE_GPU_40G[model]
+    return Figure(ours, min(ours, other), max(ours, other),
+                  "Horovod's README, August 2017: the 25 Gbit/s cluster's one GPU, up to the "
+                  "40 Gbit/s cluster's")
 #: The cluster of that benchmark, one description for every model (docs/studies.md says why):
 #: PCIe 3.0 inside a server, 25 GbE with RDMA between servers, at the presets' busbw.
 HOROVOD_CLUSTER = {"ranks_per_node": 4, "intra": "pcie3", "inter": "25gbe"}
 #: P100: 56 SMs (NVIDIA's P100 whitepaper); NCCL's ring kernel takes one SM per ring, 1 to 4
 #: rings assumed (2 the value): backward keeps the rest while a reduction runs beside it.
 P100_SMS = 56
-#: The inputs of what hidden communication still costs in that benchmark, each with its source.
+#: The inputs of what hidden communication still costs in that benchmark, each with its source
+#: (the measured efficiency at 16 GPUs is per model: :func:`horovod_overheads`).
 HOROVOD_OVERHEADS = Overheads(
     spread=Figure(0.3 / 139.2, 0.2 / 139.2, 0.4 / 139.2,
                   "one GPU's jitter in tf_cnn_benchmarks, ResNet-50 batch 64: 0.3 (0.2-0.4) "
@@ -250,26 +275,26 @@ HOROVOD_OVERHEADS = Overheads(
     rank_s=exact(0.0, "no growth with p resolvable at p = 2..4 on 2 shared cores"))
 #: The terms in the order the benchmark adds them, with the input each switches on.
 TERMS = (("negotiation", ("tensor_s", "rank_s")), ("slowdown", ("slowdown",)),
-         ("tail", ("update_s",)), ("stragglers", ("spread",)))
+         ("tail", ("update_s",)), ("stragglers", ("spread",)), ("residual", ("measured",)))
 
 
-def resnet101_images_per_s():
-    """ResNet-101 is not in TensorFlow's table: a P100's time per image interpolated between
-    ResNet-50's and ResNet-152's, linearly in the multiply-adds counted here."""
-    macs = {name: sum(layer.macs for layer in model_layers(name)[0])
-            for name in ("resnet50", "resnet101")}
-    macs152 = sum(layer.macs for layer in architectures.layers(
-        _resnet152(), (3, 224, 224)))
-    t50, t152 = 1 / P100_IMAGES_PER_S["resnet50"], 1 / P100_IMAGES_PER_S["resnet152"]
-    share = (macs["resnet101"] - macs["resnet50"]) / (macs152 - macs["resnet50"])
-    return 1 / (t50 + share * (t152 - t50))
+def horovod_overheads(model, overheads=HOROVOD_OVERHEADS):
+    """``overheads`` with ``model``'s efficiency measured at 16 GPUs on the same cluster."""
+    speedup = HOROVOD_16_GPUS[model]
+    return replace(overheads, measured_p=16, measured=Figure(
+        speedup / 16, (speedup - 0.05) / 16, (speedup + 0.05) / 16,
+        HOROVOD_16_SOURCE.format(speedup, HOROVOD_ONE_GPU[model])))
 
 
-def _resnet152():
-    import torch
-
-    with torch.device("meta"):
-        return architectures.resnet([3, 8, 36, 3])
+def solved(weak, overheads, choice):
+    """``overheads`` with the residual its measured efficiency leaves
+    (:meth:`.Overheads.solved`), from ``weak(overheads)``'s row at the measured rank count for
+    ``choice``, ``(algorithm, policy)``: the measured run's."""
+    if not overheads.calibrated:
+        return overheads
+    row = next(r for r in weak(replace(overheads, residual=0.0))
+               if r["np"] == overheads.measured_p and (r["algo"], r["policy"]) == choice)
+    return overheads.solved(row["step_s"], row["compute_s"])
 
 
 def horovod_cluster(end="point"):
@@ -278,37 +303,45 @@ def horovod_cluster(end="point"):
     return links_cluster(HOROVOD_CLUSTER["ranks_per_node"], intra, inter)
 
 
-def horovod_benchmark(fusion_mb=64.0, cycle_ms=1.0, overheads=HOROVOD_OVERHEADS):
+def horovod_benchmark(fusion_mb=64.0, cycle_ms=HOROVOD_2017_CYCLE_MS,
+                      overheads=HOROVOD_OVERHEADS):
     """Published against predicted efficiency (%), Horovod's ring and fusion, per model and
     GPU count, term by term: ``stages`` the efficiency with communication alone, then each
     of :data:`TERMS` added in turn; ``low`` and ``high`` the band of the last."""
-    rates = dict(P100_IMAGES_PER_S, resnet101=resnet101_images_per_s())
     names = [name for _, inputs in TERMS for name in inputs]
     out = []
     for model, published in HOROVOD_PUBLISHED.items():
         layers, _ = model_layers(model)
+        rate = horovod_rate(model)
+        inputs_of_model = horovod_overheads(model, overheads)
 
-        def efficiencies(cluster, inputs):
-            rows = plan(layers, 64, rates[model], cluster, 512, ["ring"], ["horovod"],
-                        fusion_mb=fusion_mb, cycle_ms=cycle_ms, overheads=inputs)
-            return {r["np"]: r for r in rows}
+        def efficiencies(end, inputs):
+            def weak(inputs):
+                return plan(layers, 64, rate.at(FLIP[end]), horovod_cluster(end), 512,
+                            ["ring"], ["horovod"], fusion_mb=fusion_mb, cycle_ms=cycle_ms,
+                            overheads=inputs)
+            inputs = solved(weak, inputs, ("ring", "horovod"))
+            return {r["np"]: r for r in weak(inputs)}, inputs
 
         stages, on = [], []
         for term, inputs in (("communication", ()), *TERMS):
             on += inputs
-            stages.append((term, efficiencies(horovod_cluster(), overheads.without(
-                *[n for n in names if n not in on]))))
+            stages.append((term, efficiencies("point", inputs_of_model.without(
+                *[n for n in names if n not in on]))[0]))
         final = stages[-1][1]
-        low, high = (efficiencies(horovod_cluster(end), overheads.at(end))
-                     for end in ("low", "high"))
+        point = efficiencies("point", inputs_of_model)[1]
+        low, high = (efficiencies(end, inputs_of_model.at(end))[0] for end in ("low", "high"))
         for gpus, figure_ in zip((128, 512), published):
             row = final[gpus]
             predicted = 100 * row["efficiency"]
-            out.append({"model": model, "gpus": gpus, "images_per_s_1gpu": rates[model],
+            out.append({"model": model, "gpus": gpus, "images_per_s_1gpu": asdict(rate),
                         "published": figure_, "predicted": predicted,
                         "difference": predicted - figure_,
                         "low": 100 * low[gpus]["efficiency"],
                         "high": 100 * high[gpus]["efficiency"],
+                        "measured_16": 100 * point.measured.value,
+                        "predicted_16": 100 * final[16]["efficiency"],
+                        "residual": point.residual,
                         "stages": {term: 100 * at[gpus]["efficiency"] for term, at in stages},
                         **{key: row[key] for key in TERM_KEYS}, "step_s": row["step_s"]})
     return out, horovod_cluster()
@@ -317,13 +350,46 @@ def horovod_benchmark(fusion_mb=64.0, cycle_ms=1.0, overheads=HOROVOD_OVERHEADS)
 # ----- the command -------------------------------------------------------------------------------
 
 #: The step's terms as the rows have them, and how the tables head them.
-TERM_KEYS = ("compute_s", "exposed_s", "negotiation_s", "slowdown_s", "tail_s", "straggler_s")
-TERM_HEADS = ("compute", "exposed", "negotiation", "slowdown", "tail", "stragglers")
+TERM_KEYS = ("compute_s", "exposed_s", "negotiation_s", "slowdown_s", "tail_s", "straggler_s",
+             "residual_s")
+TERM_HEADS = ("compute", "exposed", "negotiation", "slowdown", "tail", "stragglers", "residual")
 
 
-def overheads_of(args, measured=None):
-    """The :class:`.overheads.Overheads` of the options; what ``--measure-compute``
-    measured stands in for a figure not given."""
+def rate_of(text):
+    """The :class:`.overheads.Figure` of ``--samples-per-s VALUE[:LOW:HIGH]``, above 0."""
+    rate = figure(text, "--samples-per-s", "400:350:450", source="given (--samples-per-s)")
+    if rate.low <= 0:
+        raise UsageError(f"--samples-per-s {text!r}: give one device's samples/s above 0, "
+                         f"e.g. --samples-per-s 400:350:450")
+    return rate
+
+
+def measured_efficiency(text, counts):
+    """``(ranks, efficiency Figure)`` of ``--measured-efficiency P=VALUE[:LOW:HIGH]``: P one of
+    the plan's rank counts above 1, the efficiency above 0."""
+    example = f"e.g. --measured-efficiency {counts[min(3, len(counts) - 1)]}=0.94:0.93:0.95"
+    ranks, sep, value = text.partition("=")
+    p = int(ranks) if ranks.strip().isdigit() else 0
+    if not sep or p < 2:
+        raise UsageError(f"--measured-efficiency {text!r}: give RANKS=EFFICIENCY[:LOW:HIGH] "
+                         f"with RANKS above 1, {example}")
+    if p not in counts:
+        raise UsageError(f"--measured-efficiency {text!r}: {p} ranks is not a point of this "
+                         f"plan; give one of {', '.join(map(str, counts[1:]))}, {example}")
+    try:
+        efficiency = figure(value, "--measured-efficiency", "",
+                            source=f"given (--measured-efficiency {text})")
+    except UsageError:
+        efficiency = None
+    if efficiency is None or efficiency.low <= 0:
+        raise UsageError(f"--measured-efficiency {text!r}: give an efficiency above 0 as "
+                         f"VALUE or VALUE:LOW:HIGH with LOW <= VALUE <= HIGH, {example}")
+    return p, efficiency
+
+
+def overheads_of(args, counts, measured=None):
+    """The :class:`.overheads.Overheads` of the options (``counts``: the plan's rank
+    counts); what ``--measure-compute`` measured stands in for a figure not given."""
     given = {}
     for option, key, example, minimum in (
             ("--spread", "spread", "0.02:0.01:0.04", 0.0),
@@ -343,6 +409,9 @@ def overheads_of(args, measured=None):
             given["spread"] = measured.spread
         if "slowdown" not in given and measured.slowdown is not None:
             given["slowdown"] = measured.slowdown
+    if args.measured_efficiency is not None:
+        given["measured_p"], given["measured"] = measured_efficiency(args.measured_efficiency,
+                                                                     counts)
     return Overheads(**given)
 
 
@@ -364,13 +433,15 @@ def run(args):
     if measuring and args.samples_per_s is not None:
         raise UsageError("give either --samples-per-s (one device's rate) or --measure-compute "
                          "(time the model here), not both")
-    if not measuring and (args.samples_per_s is None or args.samples_per_s <= 0):
+    if not measuring and args.samples_per_s is None:
         raise UsageError("give --samples-per-s (one device's training samples/s at --batch) "
                          "or --measure-compute")
+    rate = None if measuring else rate_of(args.samples_per_s)
     shape = _shape(args.input) if args.input else None
     layers, shape = model_layers(args.model, shape)
     cluster_at = cluster_of(args)
-    overheads_of(args)                     # bad figures are refused before any measuring
+    counts = rank_counts(args.ranks, args.ranks_per_node)
+    overheads_of(args, counts)             # bad figures are refused before any measuring
     algos = _names(args.algos, cost.modelled(), "--algos")
     policies = _names(args.policies, POLICIES, "--policies")
     if args.global_batch is not None:
@@ -382,37 +453,45 @@ def run(args):
         build, _ = model_builder(args.model, shape)
         measured = compute.measure(build(), shape, args.batch, args.measure_steps,
                                    beside=True)
-        args.samples_per_s = args.batch / (measured.forward_s + measured.backward_s)
-    overheads = overheads_of(args, measured)
-    uncertain = overheads.uncertain or cluster_at("low") != cluster_at("high")
+        rate = exact(args.batch / (measured.forward_s + measured.backward_s), "measured here")
+    overheads = overheads_of(args, counts, measured)
+    uncertain = overheads.uncertain or rate.uncertain or cluster_at("low") != cluster_at("high")
     if args.band and not uncertain:
         raise UsageError("--band needs an uncertainty: give a figure as VALUE:LOW:HIGH, e.g. "
                          "--spread 0.02:0.01:0.04, or a link preset (its range), e.g. "
                          "--inter 100gbe")
-    options = ([float(x) for x in args.bucket_mb.split(",")], args.fusion_mb, args.cycle_ms,
-               measured)
+    options = ([float(x) for x in args.bucket_mb.split(",")], args.fusion_mb,
+               args.cycle_ms or 1.0, measured)
+    first = (algos[0], policies[0])
 
-    def weak(cluster, inputs):
-        return plan(layers, args.batch, args.samples_per_s, cluster, args.ranks, algos,
+    def weak(end, inputs):
+        return plan(layers, args.batch, rate.at(FLIP[end]), cluster_at(end), args.ranks, algos,
                     policies, *options, overheads=inputs)
 
-    def split(cluster, inputs):
-        return strong(layers, args.global_batch, args.batch, args.samples_per_s, cluster,
-                      algos, policies, *options, overheads=inputs)
+    def split(end, inputs):
+        return strong(layers, args.global_batch, args.batch, rate.at(FLIP[end]),
+                      cluster_at(end), algos, policies, *options, overheads=inputs)
+
+    def inputs_at(end):
+        inputs = overheads.at(end) if end != "point" else overheads
+        return solved(lambda i: weak(end, i), inputs, first)
 
     def predict_rows(how):
-        return banded(how, cluster_at, overheads) if args.band else \
-            how(cluster_at("point"), overheads)
+        def at(end):
+            return how(end, inputs_at(end))
+        return banded(at) if args.band else at("point")
 
     rows = predict_rows(weak)
     strong_rows = predict_rows(split) if args.global_batch is not None else []
+    overheads = inputs_at("point")
     cluster = cluster_at("point")
     os.makedirs(args.out, exist_ok=True)
-    text = summary(rows, args, cluster, layers, measured, overheads, strong_rows)
+    text = summary(rows, args, cluster, layers, rate, measured, overheads, strong_rows)
     with open(os.path.join(args.out, "summary.md"), "w") as f:
         f.write(text)
     inputs = {"model": args.model, "input": shape, "batch": args.batch,
-              "samples_per_s": args.samples_per_s, "cluster": cluster.description,
+              "samples_per_s": rate.value, "samples_per_s_range": [rate.low, rate.high],
+              "cluster": cluster.description,
               "links": _link_figures(args), "params": cluster.params.as_dict(),
               "overheads": asdict(overheads),
               "compute": asdict(measured) if measured else None}
@@ -459,34 +538,49 @@ def horovod_markdown(rows, cluster, fusion_mb, cycle_ms, overheads=HOROVOD_OVERH
              f"- cluster: {cluster.description}; Horovod's ring, fusion {fusion_mb:g} MB, "
              f"cycle {cycle_ms:g} ms; 64 images per GPU",
              f"- inside a server: {intra.describe()} ({intra.source})",
-             f"- between servers: {inter.describe()} ({inter.source})"]
-    lines += [f"- {head}: {text}" for head, text in _overhead_lines(overheads)]
+             f"- between servers: {inter.describe()} ({inter.source})",
+             "- one GPU: " + ", ".join(f"{model} {horovod_rate(model).describe()}"
+                                       for model in HOROVOD_ONE_GPU) +
+             f" images/s ({horovod_rate('vgg16').source})"]
+    lines += [f"- {head}: {text}" for head, text in _overhead_lines(overheads)
+              if head != "residual"]
+    lines += [f"- residual, {r['model']}: {r['measured_16']:.1f} % measured at 16 GPUs "
+              f"({HOROVOD_16_GPUS[r['model']]:.1f}x) leaves {100 * r['residual']:.1f} % of "
+              f"compute that no term above explains there"
+              for r in rows if r["gpus"] == 128]
     lines += ["", "| model | GPUs | published % | " +
               " | ".join(f"+ {t}" if i else t for i, t in enumerate(terms)) +
               " | band % | difference | in band |",
               "|---|---:|---:|" + "---:|" * len(terms) + "---|---:|---|"]
     for r in rows:
-        inside = "yes" if r["low"] <= r["published"] <= r["high"] else "no"
+        inside = "yes" if inside_band(r) else "no"
         lines.append(f"| {r['model']} | {r['gpus']} | {r['published']} | " +
                      " | ".join(f"{r['stages'][t]:.1f}" for t in terms) +
                      f" | {r['low']:.1f}-{r['high']:.1f} | {r['difference']:+.1f} | {inside} |")
     signed = sum(r["difference"] for r in rows) / len(rows)
     lines += ["", f"Mean signed error {signed:+.1f} points; largest "
               f"{max(abs(r['difference']) for r in rows):.1f}; "
-              f"{sum(r['low'] <= r['published'] <= r['high'] for r in rows)} of {len(rows)} "
-              f"published figures inside their band."]
+              f"{sum(map(inside_band, rows))} of {len(rows)} published figures inside their "
+              f"band (a published whole per cent stands for ± 0.5)."]
     return "\n".join(lines) + "\n"
 
 
+def inside_band(row):
+    """Whether a published figure, given in whole per cent (± 0.5), meets its band."""
+    return row["low"] <= row["published"] + 0.5 and row["published"] - 0.5 <= row["high"]
+
+
 def _run_horovod_benchmark(args):
-    rows, cluster = horovod_benchmark(args.fusion_mb, args.cycle_ms)
-    text = horovod_markdown(rows, cluster, args.fusion_mb, args.cycle_ms)
+    cycle_ms = args.cycle_ms or HOROVOD_2017_CYCLE_MS
+    rows, cluster = horovod_benchmark(args.fusion_mb, cycle_ms)
+    text = horovod_markdown(rows, cluster, args.fusion_mb, cycle_ms)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "horovod.md"), "w") as f:
         f.write(text)
     with open(os.path.join(args.out, "horovod.json"), "w") as f:
         json.dump({"cluster": cluster.description, "overheads": asdict(HOROVOD_OVERHEADS),
-                   "rows": rows}, f, indent=1)
+                   "speedup_16": HOROVOD_16_GPUS, "rows": rows},
+                  f, indent=1)
     print(text)
     return 0
 
@@ -559,7 +653,17 @@ def _overhead_lines(overheads):
                          f"it ({o.slowdown.source})"),
             ("negotiation", f"{o.tensor_s.describe(' µs', 1e6)} per negotiated tensor "
                             f"({o.tensor_s.source}) + {o.rank_s.describe(' µs', 1e6)} per "
-                            f"rank ({o.rank_s.source})")]
+                            f"rank ({o.rank_s.source})"),
+            ("residual", _residual_text(o))]
+
+
+def _residual_text(o):
+    if not o.calibrated:
+        return "none (no efficiency measured at a smaller scale: --measured-efficiency)"
+    return (f"efficiency {o.measured.describe(' %', 100)} measured at {o.measured_p} ranks "
+            f"({o.measured.source}) leaves {100 * o.residual:.1f} % of compute that no term "
+            f"above explains there; carried to every p > 1 halfway between staying and "
+            f"growing as the slowest of p (the band's ends)")
 
 
 def choice_text(row, rows):
@@ -593,7 +697,7 @@ def _table(rows, first="p", extra=lambda row: ""):
     return lines
 
 
-def summary(rows, args, cluster, layers, measured=None, overheads=None, strong_rows=()):
+def summary(rows, args, cluster, layers, rate, measured=None, overheads=None, strong_rows=()):
     """The plan's markdown: inputs (every term's with its source, the link figures used),
     the best choice per rank count with its terms, strong scaling, then every point."""
     overheads = overheads or Overheads()
@@ -601,11 +705,11 @@ def summary(rows, args, cluster, layers, measured=None, overheads=None, strong_r
     if measured:
         compute = (f"- batch {args.batch} per rank; compute measured here (median of "
                    f"{measured.steps} steps): forward {1000 * measured.forward_s:.1f} ms, "
-                   f"backward {1000 * measured.backward_s:.1f} ms ({args.samples_per_s:.1f} "
+                   f"backward {1000 * measured.backward_s:.1f} ms ({rate.value:.1f} "
                    f"samples/s), each gradient ready when this backward had it")
     else:
-        compute = (f"- batch {args.batch} per rank; one device {args.samples_per_s:g} samples/s, "
-                   f"so a step computes {1000 * args.batch / args.samples_per_s:.1f} ms (1/3 "
+        compute = (f"- batch {args.batch} per rank; one device {rate.describe()} samples/s, "
+                   f"so a step computes {1000 * args.batch / rate.value:.1f} ms (1/3 "
                    f"forward, 2/3 backward)")
     lines = ["# Training plan", "",
              f"- model {args.model}: {len(layers)} layers with parameters, "
