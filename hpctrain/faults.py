@@ -8,6 +8,11 @@ given), the action happens:
 
 - ``raise`` (the default): raise ``InjectedFault``;
 - ``kill``: the process kills itself with ``SIGKILL`` (no traceback, no clean-up);
+- ``kill-host``: the process sends ``SIGKILL`` to the other processes its launcher started
+  on this host (its parent's other children: the host's other ranks, under ``mpirun``'s
+  daemon or ``srun``'s step) and then to itself, all at one moment, as losing the host does;
+  ranks that each ``kill`` themselves at the same step die a scheduler's whim apart, and the
+  others may see them go one at a time;
 - ``sleep=SECONDS``: the rank stops for that long, then goes on (a stalled rank);
 - any other word (``nan``, ``inf``, ``perturb``): ``inject`` returns it, and the point's
   code misbehaves as that point documents.
@@ -65,8 +70,9 @@ class InjectedFault(RuntimeError):
 def inject(point, rank):
     """Act on the item of ``HPCTRAIN_FAULT`` that names ``point`` for ``rank``, if any.
 
-    Raises ``InjectedFault`` (``raise``), kills this process (``kill``) or sleeps
-    (``sleep=S``, then returns None); returns any other action's name for the caller to
+    Raises ``InjectedFault`` (``raise``), kills this process (``kill``) or this host's ranks
+    (``kill-host``), or sleeps (``sleep=S``, then returns None); returns any other action's
+    name for the caller to
     carry out; returns None when no item applies.
     """
     action = _action(point, rank)
@@ -80,12 +86,28 @@ def inject(point, rank):
     if action == "raise":
         raise InjectedFault(f"injected fault at {point!r} on rank {rank} "
                             f"({ENV}={os.environ[ENV]})")
+    if action == "kill-host":
+        _kill_host()
     if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     if action.startswith("sleep="):
         time.sleep(float(action.partition("=")[2]))
         return None
     return action
+
+
+def _kill_host():
+    """SIGKILL this process's siblings (its launcher's other children here), then itself."""
+    import psutil
+
+    me = os.getpid()
+    for sibling in psutil.Process(os.getppid()).children():
+        if sibling.pid != me:
+            try:
+                os.kill(sibling.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass                          # already gone
+    os.kill(me, signal.SIGKILL)
 
 
 def selected(point, rank):

@@ -50,6 +50,27 @@ def test_fault_spec_counts_hits_and_returns_other_actions(monkeypatch):
     assert faults.inject("p", 1) is None
 
 
+HOST = """
+import os, subprocess, sys, time
+# Three "ranks" of one launcher (this process); rank 0 kills the host at its first step.
+child = [sys.executable, "-c", "import sys, time; from hpctrain import faults; "
+         "time.sleep(0.5); faults.inject('torch.step', int(sys.argv[1])); time.sleep(60)"]
+ranks = [subprocess.Popen(child + [str(r)]) for r in range(3)]
+codes = [rank.wait(timeout=30) for rank in ranks]
+print("codes", codes)
+"""
+
+
+def test_kill_host_ends_every_rank_the_launcher_started_and_only_those(monkeypatch):
+    monkeypatch.setenv(faults.ENV, "torch.step@0:kill-host")
+    done = run_bounded([sys.executable, "-c", HOST], timeout=60)
+    # The launcher lives on (it is not its own sibling); all three ranks were SIGKILLed, the
+    # two that never reached a fault of their own included.
+    assert done.returncode == 0, done.output
+    assert "codes [-9, -9, -9]" in done.output, done.output
+    assert done.output.count("fires on rank 0: kill-host") == 1, done.output
+
+
 # --- a rank that raises -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("fault, options", [

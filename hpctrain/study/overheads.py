@@ -126,10 +126,10 @@ class Overheads:
             for name in self._figures()})
 
     def without(self, *names):
-        """These inputs, the terms ``names`` switched off."""
-        off = {"spread": 0.0, "update_s": 0.0, "slowdown": 1.0, "tensor_s": 0.0,
-               "rank_s": 0.0, "measured": 0.0}
-        return replace(self, **{name: exact(off[name], "off") for name in names})
+        """These inputs, the terms ``names`` switched off (their defaults: no cost)."""
+        off = Overheads()
+        return replace(self, **{name: replace(getattr(off, name), source="off")
+                                for name in names})
 
     def solved(self, step_s, compute_s):
         """These inputs with :attr:`residual` set: the share of compute that makes a step
