@@ -15,6 +15,7 @@ The step model is :mod:`.step`; the links :mod:`.links`; the terms' inputs
 built on the meta device (:mod:`.architectures`).
 """
 
+import functools
 import importlib
 import json
 import math
@@ -326,10 +327,9 @@ def horovod_benchmark(fusion_mb=64.0, cycle_ms=HOROVOD_2017_CYCLE_MS,
         stages, on = [], []
         for term, inputs in (("communication", ()), *TERMS):
             on += inputs
-            stages.append((term, efficiencies("point", inputs_of_model.without(
-                *[n for n in names if n not in on]))[0]))
-        final = stages[-1][1]
-        point = efficiencies("point", inputs_of_model)[1]
+            stages.append((term, *efficiencies("point", inputs_of_model.without(
+                *[n for n in names if n not in on]))))
+        _, final, point = stages[-1]            # every term on: the prediction
         low, high = (efficiencies(end, inputs_of_model.at(end))[0] for end in ("low", "high"))
         for gpus, figure_ in zip((128, 512), published):
             row = final[gpus]
@@ -342,7 +342,8 @@ def horovod_benchmark(fusion_mb=64.0, cycle_ms=HOROVOD_2017_CYCLE_MS,
                         "measured_16": 100 * point.measured.value,
                         "predicted_16": 100 * final[16]["efficiency"],
                         "residual": point.residual,
-                        "stages": {term: 100 * at[gpus]["efficiency"] for term, at in stages},
+                        "stages": {term: 100 * at[gpus]["efficiency"]
+                                   for term, at, _ in stages},
                         **{key: row[key] for key in TERM_KEYS}, "step_s": row["step_s"]})
     return out, horovod_cluster()
 
@@ -472,7 +473,8 @@ def run(args):
         return strong(layers, args.global_batch, args.batch, rate.at(FLIP[end]),
                       cluster_at(end), algos, policies, *options, overheads=inputs)
 
-    def inputs_at(end):
+    @functools.cache
+    def inputs_at(end):             # the residual solved once per end, for weak and strong
         inputs = overheads.at(end) if end != "point" else overheads
         return solved(lambda i: weak(end, i), inputs, first)
 
