@@ -45,6 +45,28 @@ def pytest_configure(config):
         config.option.xmlpath = f"{Path(xml).with_suffix('')}-rank{rank}.xml"
 
 
+#: Fixtures that start launches of their own (mpirun, the fault-tolerant stack's mpirun): a
+#: test that takes one is marked ``alone`` without saying so itself.
+LAUNCHING_FIXTURES = frozenset({"mpirun", "ft_python"})
+#: Whether the test running now is marked ``alone`` (set before each test; read by
+#: :func:`note_launch`).
+_RUNNING_ALONE = False
+
+
+@pytest.hookimpl(tryfirst=True)    # before ``-m`` selects by marker
+def pytest_collection_modifyitems(config, items):
+    """Mark ``alone`` every test that takes a fixture of ``LAUNCHING_FIXTURES``."""
+    for item in items:
+        if LAUNCHING_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.alone)
+
+
+def pytest_runtest_setup(item):
+    """Note whether ``item`` is marked ``alone``, for :func:`note_launch`."""
+    global _RUNNING_ALONE
+    _RUNNING_ALONE = item.get_closest_marker("alone") is not None
+
+
 class MpirunHung(AssertionError):
     """An mpirun launch that did not finish within its timeout (it has been killed)."""
 
@@ -86,7 +108,13 @@ LAUNCH_LOG = "HPCTRAIN_LAUNCH_LOG"
 
 def note_launch():
     """Record the running test in ``$HPCTRAIN_LAUNCH_LOG``, when set: scripts/flake-gate
-    repeats exactly the tests that launch jobs, which are the ones timing can break."""
+    repeats exactly the tests that launch jobs, which are the ones timing can break. Under
+    pytest-xdist, a test not marked ``alone`` that launches fails here: it would run beside
+    other tests, which is what makes launches flaky."""
+    if os.environ.get("PYTEST_XDIST_WORKER") and not _RUNNING_ALONE:
+        raise AssertionError(
+            "this test starts a launch of its own but runs beside other tests: mark it "
+            "@pytest.mark.alone (scripts/test runs such tests one at a time, after the others)")
     log, test = os.environ.get(LAUNCH_LOG), os.environ.get("PYTEST_CURRENT_TEST")
     if log and test:
         with open(log, "a") as f:

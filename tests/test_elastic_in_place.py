@@ -15,6 +15,9 @@ import pytest
 from conftest import REPO
 from test_ft_stack import ft_launch
 
+#: The fault-tolerant mpirun, with ranks killed on time: these tests run alone (scripts/test).
+pytestmark = pytest.mark.alone
+
 EXAMPLE = REPO / "examples" / "elastic_style.py"
 COMMIT_EVERY = 5
 

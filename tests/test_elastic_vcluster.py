@@ -18,6 +18,9 @@ from conftest import run_bounded
 from test_elastic_in_place import COMMIT_EVERY, EXAMPLE, lost_steps, steps
 from test_vcluster import VCLUSTER, emulated_cluster
 
+#: Network namespaces and the fault-tolerant mpirun: these tests run alone (scripts/test).
+pytestmark = pytest.mark.alone
+
 LAUNCH_TIMEOUT = 180    # s: a job takes 10 to 30 here
 RESUMED_WITHIN = 30.0   # s from the first SIGKILL to the first step on 2 ranks (0.1 seen)
 # Both at once: two ranks that each kill themselves at step 12 die a scheduler's whim apart

@@ -51,6 +51,7 @@ CHILD = textwrap.dedent(f"""
 """)
 
 
+@pytest.mark.alone
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs os.sched_setaffinity")
 def test_timed_waits_on_the_engine_inbox_return_when_preempted():
     cpu = min(os.sched_getaffinity(0))

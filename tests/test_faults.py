@@ -61,6 +61,7 @@ print("codes", codes)
 """
 
 
+@pytest.mark.alone
 def test_kill_host_ends_every_rank_the_launcher_started_and_only_those(monkeypatch):
     monkeypatch.setenv(faults.ENV, "torch.step@0:kill-host")
     done = run_bounded([sys.executable, "-c", HOST], timeout=60)
@@ -110,6 +111,7 @@ def test_a_bench_rank_that_raises_ends_the_job(mpirun, hpctrain_cmd, fault):
     assert "# Avg bus bandwidth" not in run.output, "the benchmark went on to its end"
 
 
+@pytest.mark.alone
 @pytest.mark.parametrize("study", [["allreduce", "--quick"], ["train", "--quick"],
                                    ["predict", "--link=100gbit"]], ids=lambda s: s[0])
 def test_a_study_that_raises_ends_with_its_traceback(hpctrain_cmd, tmp_path, study):
@@ -149,6 +151,7 @@ def killed(train_cmd, tmp_path_factory):
     return root, broken
 
 
+@pytest.mark.alone
 def test_a_killed_rank_ends_the_job_naming_it(killed):
     _, broken = killed
     assert broken.returncode != 0, broken.output
@@ -157,6 +160,7 @@ def test_a_killed_rank_ends_the_job_naming_it(killed):
     assert seconds_after_fault(broken) < KILL_WITHIN
 
 
+@pytest.mark.alone
 def test_the_last_checkpoint_before_the_kill_is_intact(killed):
     root, _ = killed
     saved = checkpoint.load(root / "broken" / "checkpoint.pt")   # checks length and SHA-256
@@ -164,6 +168,7 @@ def test_the_last_checkpoint_before_the_kill_is_intact(killed):
     assert saved["step"] in {(KILL_STEP - 1) // 2 * 2, KILL_STEP // 2 * 2}, saved["step"]
 
 
+@pytest.mark.alone
 def test_resuming_after_the_kill_reproduces_the_uninterrupted_run(killed, mpirun, train_cmd):
     root, _ = killed
     resumed = mpirun(NP, train_cmd(root / "broken", "--checkpoint-every=2 steps", "--resume"),

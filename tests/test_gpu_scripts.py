@@ -86,6 +86,7 @@ def test_build_horovod_refuses_an_unknown_gpu_variant(tmp_path):
     assert code == 2 and "--gpu takes nccl or mpi, got 'rocm'" in out, out
 
 
+@pytest.mark.alone
 @pytest.mark.timeout(1500)   # the first run makes the bundle (a few minutes)
 def test_the_gpu_patches_apply_to_the_horovod_sources(bundle, tmp_path):
     # The patches that the H100 build needed, checked on the sources without a GPU or a build.
@@ -151,6 +152,7 @@ def test_a_gpu_build_takes_nvcc_and_nccl_from_the_wheels_of_torchs_cuda(no_cuda,
     assert not (tmp_path / "wheels").exists()
 
 
+@pytest.mark.alone
 @pytest.mark.timeout(1500)   # the first run makes the bundle (a few minutes)
 def test_horovod_is_built_with_the_cxx_standard_torchs_headers_ask_for(bundle, tmp_path):
     venv, _ = torch_cu13_venv(tmp_path)
@@ -309,6 +311,7 @@ def bundle():
     return path
 
 
+@pytest.mark.alone
 @pytest.mark.timeout(1500)   # the first run makes the bundle (a few minutes)
 def test_the_bundle_holds_the_sources_setup_builds(bundle):
     names = os.listdir(bundle)
@@ -318,6 +321,7 @@ def test_the_bundle_holds_the_sources_setup_builds(bundle):
     assert "for CPython %d.%d" % sys.version_info[:2] in (bundle / "bundle.txt").read_text()
 
 
+@pytest.mark.alone
 @pytest.mark.slow
 @pytest.mark.timeout(2400)   # a first run makes the bundle and compiles mpi4py: minutes
 def test_setup_offline_installs_from_the_bundle_with_no_index(bundle, tmp_path):
@@ -339,6 +343,7 @@ def test_setup_offline_installs_from_the_bundle_with_no_index(bundle, tmp_path):
     assert check.returncode == 0 and check.stdout.startswith("2.13.0"), check.stderr
 
 
+@pytest.mark.alone
 @pytest.mark.timeout(1500)
 def test_setup_with_system_packages_keeps_the_outer_torch_and_mpi4py(bundle, tmp_path):
     # The interpreter given is itself a virtual environment's (as the torch of vendor

@@ -104,6 +104,7 @@ def test_the_stall_shutdown_is_decided_from_rank_0s_clock_alike_everywhere():
 
 # ----- the habits, launched ------------------------------------------------------------------
 
+@pytest.mark.alone
 @pytest.mark.parametrize("np", [2, 3])
 @pytest.mark.parametrize("mode", ["uninit", "split", "dynamic", "comm-list"])
 def test_a_horovod_habit_behaves_as_under_horovod(np, mode):
@@ -112,6 +113,7 @@ def test_a_horovod_habit_behaves_as_under_horovod(np, mode):
         run.output[-3000:]
 
 
+@pytest.mark.alone
 def test_horovod_timeline_is_written_by_rank_0_with_its_cycles(tmp_path):
     path = tmp_path / "timeline.json"
     run = run_mode(2, "timeline", {"HOROVOD_TIMELINE": str(path),
@@ -120,11 +122,13 @@ def test_horovod_timeline_is_written_by_rank_0_with_its_cycles(tmp_path):
     assert path.exists() and [p.name for p in tmp_path.iterdir()] == ["timeline.json"]
 
 
+@pytest.mark.alone
 def test_a_stall_past_the_shutdown_time_fails_every_rank_instead_of_waiting():
     run = run_mode(3, "stall-shutdown", {"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "1"})
     assert run.returncode == 0 and "ok a stall of 1 s" in run.output, run.output[-3000:]
 
 
+@pytest.mark.alone
 def test_a_bad_horovod_value_stops_every_rank_with_status_2_before_mpi():
     run = run_mode(2, "uninit", {"HOROVOD_FUSION_THRESHOLD": "64MB"})
     assert run.returncode == 2, run.output[-3000:]
@@ -132,6 +136,7 @@ def test_a_bad_horovod_value_stops_every_rank_with_status_2_before_mpi():
     assert "Traceback" not in run.output and "ok " not in run.output
 
 
+@pytest.mark.alone
 def test_ignored_horovod_variables_are_named_once_by_rank_0():
     run = run_mode(3, "uninit", {"HOROVOD_AUTOTUNE": "1"})
     assert run.returncode == 0, run.output[-3000:]
@@ -139,6 +144,7 @@ def test_ignored_horovod_variables_are_named_once_by_rank_0():
     assert "HOROVOD_AUTOTUNE (no run-time tuner" in run.output
 
 
+@pytest.mark.alone
 def test_a_process_set_outside_the_world_stops_every_rank_with_status_2():
     run = run_mode(2, "bad-set")
     assert run.returncode == 2, run.output[-3000:]

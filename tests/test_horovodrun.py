@@ -273,6 +273,7 @@ def test_every_refused_option_says_what_to_do_instead(option, capsys):
     assert REFUSED[option] in capsys.readouterr().err
 
 
+@pytest.mark.alone
 @pytest.mark.parametrize("argv", [
     ["-np", "3", "-H", "localhost:2"],
     ["-np", "2", "--no-such-option"],
@@ -290,6 +291,7 @@ def test_bad_input_starts_nothing(argv, tmp_path):
 
 # --- whole launches --------------------------------------------------------------------------
 
+@pytest.mark.alone
 def test_the_horovod_example_on_one_host():
     done = run_bounded([*LAUNCHER, "-np", "2", "-H", "localhost:2", "python",
                         "examples/horovod_style.py", "--epochs", "1"],
@@ -298,6 +300,7 @@ def test_the_horovod_example_on_one_host():
     assert "ranks 2, replicas identical: True" in done.output, done.output
 
 
+@pytest.mark.alone
 def test_the_settings_reach_every_rank_and_verbose_shows_the_line(tmp_path):
     timeline = tmp_path / "timeline.json"
     done = run_bounded([*LAUNCHER, "-np", "2", "--verbose", "--fusion-threshold-mb", "32",
@@ -340,6 +343,7 @@ def on_host_1(env, *argv):
                        timeout=LAUNCH_TIMEOUT, env=env)
 
 
+@pytest.mark.alone
 def test_two_hosts_get_the_settings_and_the_launch_environment(two_hosts):
     done = on_host_1({**two_hosts, "HPCTRAIN_PROBE": "7"}, "--cycle-time-ms", "2.5",
                      "python", SHOW_ENV, "HOROVOD_CYCLE_TIME", "HPCTRAIN_PROBE",
@@ -350,6 +354,7 @@ def test_two_hosts_get_the_settings_and_the_launch_environment(two_hosts):
         [("0", "h1", seen), ("1", "h2", seen)], done.output
 
 
+@pytest.mark.alone
 def test_the_horovod_example_across_two_hosts(two_hosts):
     done = on_host_1(two_hosts, "python", "examples/horovod_style.py", "--epochs", "1")
     assert done.returncode == 0, done.output

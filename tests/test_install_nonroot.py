@@ -328,6 +328,7 @@ def cluster_user(request):
     return ClusterUser(user, prefix, log, run)
 
 
+@pytest.mark.alone
 @pytest.mark.slow
 @pytest.mark.timeout(USER_SETUP_TIMEOUT + 2 * USER_RUN_TIMEOUT + ADMIN_TIMEOUT)
 def test_user_without_root_sets_up_against_the_module_mpi(cluster_user):

@@ -88,6 +88,7 @@ def test_unguarded_failure_hangs_and_the_harness_reports_it(mpirun, tmp_path):
         assert not _alive(pid), f"rank process {pid} survived the kill"
 
 
+@pytest.mark.alone
 def test_a_hung_launch_is_killed_with_what_left_its_process_group():
     # As mpirun's local ranks, the child has a process group of its own (set -m); it also
     # ignores SIGTERM, as a rank stuck in a system call can seem to. The group kill misses it;
@@ -119,6 +120,7 @@ def _running(pid):
         return stat.read().split(")")[-1].split()[0] != "Z"
 
 
+@pytest.mark.alone
 def test_a_process_that_initialised_mpi_can_still_launch_mpirun(tmp_path):
     """An MPI singleton (MPI_Init without a launcher) exports its runtime's variables; an
     mpirun started with them inherited fails silently. Our launches drop them."""
@@ -186,6 +188,7 @@ SHOW_WAIT = [sys.executable, "-c", "import os, hpctrain; os.write(1, b'wait %r\\
                                    f"os.environ.get('{YIELD_WHEN_IDLE}'))"]
 
 
+@pytest.mark.alone
 @pytest.mark.parametrize("np", [1, 2, 3])
 def test_every_rank_chooses_how_to_wait_when_it_imports_hpctrain(np):
     result = run_bounded([sys.executable, "-m", "hpctrain.launch", "-np", str(np), *SHOW_WAIT],
@@ -227,6 +230,7 @@ def test_mpirun_options_need_the_double_dash():
         split_options(["-x", "FOO", "python", "a.py"])
 
 
+@pytest.mark.alone
 def test_the_commands_own_double_dash_reaches_it():
     run = run_bounded([*LAUNCHER, "-np", "2", *SHOW_ARGV, "--", "x"], timeout=120,
                       env=launch_environment())
@@ -234,6 +238,7 @@ def test_the_commands_own_double_dash_reaches_it():
     assert run.output.count("argv ['--', 'x']") == 2, run.output
 
 
+@pytest.mark.alone
 def test_mpirun_options_before_the_double_dash_reach_mpirun():
     run = run_bounded([*LAUNCHER, "-np", "1", "-x", "HPCTRAIN_PROBE=7", "--", sys.executable,
                        "-c", "import os; print('probe', os.environ['HPCTRAIN_PROBE'])"],
@@ -241,6 +246,7 @@ def test_mpirun_options_before_the_double_dash_reach_mpirun():
     assert run.returncode == 0 and "probe 7" in run.output, run.output
 
 
+@pytest.mark.alone
 def test_ranks_learn_that_the_launcher_writes_to_a_terminal():
     """mpirun gives ranks a pseudo-terminal whatever its own stdout is: only the launcher
     knows, and tells every rank through HPCTRAIN_PROGRESS_TTY."""

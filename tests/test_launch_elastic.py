@@ -86,6 +86,7 @@ def discovery(tmp_path):
 
 # --- restarts after lost ranks --------------------------------------------------------------
 
+@pytest.mark.alone
 def test_a_killed_rank_is_restarted_from_the_last_commit(tmp_path):
     folder = tmp_path / "state"
     run = elastic("-np", 2, "--state-dir", folder, *COUNTER, "--steps", 6, "--fault", "0,1,3")
@@ -103,6 +104,7 @@ def test_a_killed_rank_is_restarted_from_the_last_commit(tmp_path):
     assert 0 < cost < RESTART_WITHIN, cost
 
 
+@pytest.mark.alone
 @pytest.mark.parametrize("min_np", [2, 3])
 def test_lost_hosts_shrink_the_job_until_too_few_are_left(discovery, tmp_path, min_np):
     # Each fault takes a slot out of the discovery script's answer, then kills its rank:
@@ -127,6 +129,7 @@ def test_lost_hosts_shrink_the_job_until_too_few_are_left(discovery, tmp_path, m
     assert contract.read_hosts(folder) == (len(nps), [("localhost", nps[-1])])
 
 
+@pytest.mark.alone
 def test_added_slots_relaunch_the_job_on_more_ranks(discovery, tmp_path):
     # Rank 0 adds slots at step 2 (4 of them; --max-np 3 takes 3) and waits at its commit
     # for the launcher to publish them; every rank then exits 75 at that commit.
@@ -147,6 +150,7 @@ def test_added_slots_relaunch_the_job_on_more_ranks(discovery, tmp_path):
     assert contract.read_hosts(folder) == (2, [("localhost", 3)])
 
 
+@pytest.mark.alone
 def test_the_job_ends_when_the_restarts_are_used(tmp_path):
     run = elastic("-np", 2, "--max-restarts", 1, "--restart-delay", 0.1, "--state-dir",
                   tmp_path / "state", *COUNTER, "--steps", 6, "--fault", "0,1,1",
@@ -159,6 +163,7 @@ def test_the_job_ends_when_the_restarts_are_used(tmp_path):
     assert run.output.count(message) == 1, run.output
 
 
+@pytest.mark.alone
 def test_np_beside_hosts_caps_the_first_start(discovery, tmp_path):
     # As Horovod's -np: 2 of the 3 slots at first; they are no new hosts, so no relaunch.
     discovery.set("localhost:3")
@@ -170,6 +175,7 @@ def test_np_beside_hosts_caps_the_first_start(discovery, tmp_path):
     assert "more hosts" not in run.output, run.output
 
 
+@pytest.mark.alone
 @pytest.mark.parametrize("status, rc, message", [
     (0, 0, "job finished after 1 start(s), 0 restart(s)"),
     (76, 76, "fewer than --min-np 1 ranks left: the ranks ended the job (exit 76)"),
@@ -183,6 +189,7 @@ def test_what_the_ranks_exit_with_decides_the_next_start(tmp_path, status, rc, m
     assert run.output.count(message) == 1, run.output
 
 
+@pytest.mark.alone
 @pytest.mark.parametrize("answer", ["exit 1", "echo 'not a host list'"])
 def test_a_discovery_script_failing_during_the_run_keeps_the_hosts(tmp_path, answer):
     # It answers the first start, then fails at every look for more hosts (every 0.1 s).
@@ -199,6 +206,7 @@ def test_a_discovery_script_failing_during_the_run_keeps_the_hosts(tmp_path, ans
     assert len(starts(run.output)) == 1, run.output
 
 
+@pytest.mark.alone
 @pytest.mark.slow   # torch in every rank of two starts: 15-40 s here
 def test_a_horovod_elastic_script_resumes_from_its_commit_after_a_restart(tmp_path):
     # The ranks' side for real (hvd.elastic.run, TorchState, ElasticSampler): rank 1 dies at
@@ -262,6 +270,7 @@ def test_on_a_fault_tolerant_mpi_the_survivors_go_on_without_a_restart(ft_python
 
 # --- the state folder ----------------------------------------------------------------------
 
+@pytest.mark.alone
 def test_a_new_state_folder_by_default_and_a_given_one_resumed(tmp_path):
     def job(*args, steps):
         note_launch()
@@ -289,6 +298,7 @@ def test_a_new_state_folder_by_default_and_a_given_one_resumed(tmp_path):
 
 # --- signals ------------------------------------------------------------------------------
 
+@pytest.mark.alone
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL],
                          ids=lambda sig: sig.name)
 def test_a_signal_to_the_launcher_ends_the_job_and_every_process(tmp_path, sig):

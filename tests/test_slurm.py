@@ -19,6 +19,9 @@ import pytest
 
 from conftest import note_launch
 
+#: A Slurm of this machine's own, and jobs on it: these tests run alone (scripts/test).
+pytestmark = pytest.mark.alone
+
 REPO = Path(__file__).resolve().parents[1]
 SLURM_LOCAL = REPO / "scripts" / "slurm-local"
 JOB_TIMEOUT = 240  # s

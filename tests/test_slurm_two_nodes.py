@@ -28,6 +28,9 @@ from conftest import REPO
 from test_slurm import SCRIPT_TIMEOUT, SLURM_LOCAL, missing_for_slurm, submit
 from test_vcluster import missing_for_vcluster
 
+#: A Slurm of two emulated nodes (network namespaces): these tests run alone (scripts/test).
+pytestmark = pytest.mark.alone
+
 VIA = [str(SLURM_LOCAL), "exec", "--vcluster"]
 TWO_BY_TWO = ("--nodes=2", "--ntasks-per-node=2", "--cpus-per-task=1")
 

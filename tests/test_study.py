@@ -258,6 +258,7 @@ def test_study_refuses_sizes_from_zero(sizes):
         allreduce._size_span(sizes, 4)
 
 
+@pytest.mark.alone
 def test_study_refuses_sizes_from_zero_before_launching(tmp_path):
     done = subprocess.run([sys.executable, "-m", "hpctrain", "study", "allreduce", "--sizes",
                            "0:64M", "--out", str(tmp_path / "r")],
@@ -297,6 +298,7 @@ def test_auto_verdict_against_the_noise_of_repeated_runs():
     assert "noise is unknown" in allreduce.auto_verdict(allreduce.auto_points(rows, []))
 
 
+@pytest.mark.alone
 def test_quick_study_writes_the_report(tmp_path):
     out = tmp_path / "report"
     started = time.monotonic()
@@ -342,6 +344,7 @@ def test_quick_study_writes_the_report(tmp_path):
         {"2": len(set(table["size"])), "3": len(set(table["size"]))}
 
 
+@pytest.mark.alone
 def test_study_times_auto_against_the_best_fixed_algorithm(tmp_path):
     profile = tmp_path / "params.json"
     profile.write_text(json.dumps({

@@ -97,6 +97,7 @@ def _run_study(argv, timeout):
     return proc.returncode, output
 
 
+@pytest.mark.alone
 def test_quick_study_writes_consistent_numbers_and_plots(tmp_path):
     # --batch-size 720: the digits' 1437 training rows make 2 steps per epoch at p = 1 and
     # one at p = 2, so that the runs at p = 2 also show the losses of single steps (below);

@@ -20,6 +20,9 @@ import pytest
 
 from conftest import REPO, run_bounded
 
+#: Network namespaces and mpirun across them: these tests run alone (scripts/test).
+pytestmark = pytest.mark.alone
+
 VCLUSTER = REPO / "scripts" / "vcluster"
 LAUNCH_TIMEOUT = 180  # s
 SCRIPT_TIMEOUT = 120  # s, for up, down and status
