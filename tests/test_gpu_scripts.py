@@ -3,7 +3,6 @@ index: bad input refused with what is missing and how to get it, nothing left ha
 a bundle made once (cached under the hpctrain cache, keyed by what it holds) and a fresh
 environment set up from it with every package index unreachable."""
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -290,24 +289,15 @@ def _cache_dir():
 
 @pytest.fixture(scope="module")
 def bundle():
-    """A bundle for this Python, made once per content: its key hashes what decides what it
-    holds (the package lists, the script, pyproject.toml's dependencies), so CI downloads it
-    only when they change. (pip caches the mpi4py wheel it builds per bundle path: a new
-    bundle costs one more mpi4py build, minutes on 2 cores.)"""
-    try:
-        import tomllib
-    except ImportError:                  # Python < 3.11
-        import tomli as tomllib
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    digest = hashlib.sha256(repr((project["dependencies"],
-                                  project["optional-dependencies"]["test"])).encode())
-    for name in ("scripts/packages.sh", "scripts/bundle"):
-        digest.update((REPO / name).read_bytes())
-    digest.update(sys.version.encode())
-    path = _cache_dir() / "bundles" / digest.hexdigest()[:16]
-    if not (path / "bundle.txt").exists():
-        code, out = run([SCRIPTS / "bundle", path], timeout=1200)
-        assert code == 0, out[-3000:]
+    """This machine's bundle in the cache (``scripts/bundle --cache``: keyed by what decides
+    its content, made once, then reused; scripts/test makes it beside the set-up). (pip caches
+    the mpi4py wheel it builds per bundle path: a new bundle costs one more mpi4py build,
+    minutes on 2 cores.)"""
+    made = subprocess.run([str(SCRIPTS / "bundle"), "--cache"], capture_output=True, text=True,
+                          timeout=1200)
+    assert made.returncode == 0, (made.stdout + made.stderr)[-3000:]
+    path = Path(made.stdout.strip().splitlines()[-1])     # its last line on stdout
+    assert (path / "bundle.txt").exists(), made.stdout[-3000:]
     return path
 
 
