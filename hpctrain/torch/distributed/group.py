@@ -25,7 +25,8 @@ from .reductions import (allreduce_flat, check_dtype, reduce_scatter_flat, reduc
 from .work import FutureHandle, Work
 from .. import basics
 from ..engine import Request
-from ..ops.common import check_tensor, describe_tensors, dtype_name, on_thread, start, where
+from ..ops.common import (check_tensor, describe_tensors, dtype_name, on_thread, start, submit,
+                          synchronize, where)
 from ..process_sets import ProcessSet, global_process_set
 from ...errors import UsageError
 
@@ -571,18 +572,21 @@ P2P_COMMS = {}
 def make_set(w, ranks):
     """A new process set of the world ranks ``ranks``, made on every rank (one operation of
     the global set), with its communicator and its point-to-point duplicate, even where a
-    set of those ranks exists (torch's groups of the same ranks are distinct groups)."""
-    from ..ops.common import object_call
-
+    set of those ranks exists (torch's groups of the same ranks are distinct groups). A rank
+    that makes another collective instead, or names other ranks, fails with the others."""
     members = sorted(int(r) for r in ranks)
     pset = ProcessSet(members)
 
-    def register(comm):
+    def register(comm, infos):
         w.register_set(pset, members, distinct=False)
         P2P_COMMS[pset.process_set_id] = pset.comm.Dup() if pset.comm is not None else None
-        return pset.process_set_id
+        return None, None
 
-    object_call("c10d_new_group", None, global_process_set, register, extra=(tuple(members),))
+    call = start("new_group", None, global_process_set, lambda p: None)
+    synchronize(submit(w, global_process_set, call.name, ("new_group", tuple(members)),
+                       f"dist.new_group({members}) (every rank of the default group calls "
+                       f"new_group with the same ranks, in the same order as its "
+                       f"collectives)", register))
     return pset
 
 

@@ -18,6 +18,7 @@ puts :func:`env_rendezvous` in front of torch's ``env://`` handler:
 
 import importlib
 import os
+import sys
 from urllib.parse import parse_qsl, urlparse
 
 import torch.distributed as dist
@@ -54,29 +55,57 @@ def world_from_mpi(given):
     """``(rank, size)`` of ``COMM_WORLD``, with MPI started if it was not; a
     :class:`~hpctrain.errors.Verdict` on every rank if ``given`` (``{"rank": ...,
     "world_size": ...}``: what ``RANK``, ``WORLD_SIZE`` or ``init_process_group``'s arguments
-    said, ``-1`` for nothing) disagrees with MPI. Installs the guard of
-    :func:`hpctrain.runtime.guard` first, so that bad input ends every rank (status 2 at
-    size 1) instead of leaving any waiting.
+    said, ``-1`` for nothing) disagrees with MPI: rank 0 prints it once and every rank exits
+    with status 2 (:func:`hpctrain.runtime.end_job`; raised instead where
+    ``HPCTRAIN_ABORT_ON_ERROR=0`` keeps hpctrain's guard off).
 
     Synchronisation point: one allgather over ``COMM_WORLD`` (:func:`hpctrain.runtime.checks`).
     """
     from ... import mpi_support
-    from ...runtime import checks, guard
+    from ...errors import Verdict
+    from ...runtime import checks, end_job, guard
 
-    guard()
+    guarded = guard()
     MPI, _ = mpi_support.start()  # noqa: N806 - mpi4py's module name
     comm = MPI.COMM_WORLD
     mpi = {"rank": comm.Get_rank(), "world_size": comm.Get_size()}
-    with checks(comm):
-        for key, variable in (("world_size", "WORLD_SIZE"), ("rank", "RANK")):
-            value = int(given.get(key, -1))
-            if value != -1 and value != mpi[key]:
-                raise UsageError(
-                    f"{variable} (or {key}=) is {value}, but MPI started {mpi['world_size']} "
-                    f"rank(s) and this is rank {mpi['rank']}: the hpctrain backend takes rank "
-                    f"and size from the MPI launcher (mpirun -np N, srun); unset {variable} "
-                    f"and pass no {key}=, or launch with a matching -np")
+    try:
+        with checks(comm):
+            for key, variable in (("world_size", "WORLD_SIZE"), ("rank", "RANK")):
+                value = int(given.get(key, -1))
+                if value not in (-1, mpi[key]):
+                    raise UsageError(mismatch(key, variable, value, mpi))
+    except Verdict as verdict:
+        if not guarded:
+            raise
+        end_job(verdict)    # rank 0 says it once; every rank exits with status 2
     return mpi["rank"], mpi["world_size"]
+
+
+def mismatch(key, variable, value, mpi):
+    """The message for ``RANK``/``WORLD_SIZE`` (``variable``) given as ``value`` where MPI
+    says ``mpi[key]``."""
+    if key == "world_size":
+        return (f"WORLD_SIZE (or world_size=) is {value}, but MPI started {mpi[key]} rank(s): "
+                f"the hpctrain backend takes rank and size from the MPI launcher (mpirun -np "
+                f"N, srun); unset WORLD_SIZE and pass no world_size=, or launch {value} ranks")
+    return (f"RANK (or rank=) is {value}, but MPI says this process is rank {mpi[key]}: the "
+            f"hpctrain backend takes rank and size from the MPI launcher; unset RANK and "
+            f"pass no rank=")
+
+
+def _backend_asked():
+    """The backend that the ``init_process_group`` calling this rendezvous was asked for
+    (``None`` if it cannot be found): torch does not hand it to the handler, and another
+    backend than ours would fail later, obscurely, on a store that is not there."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "init_process_group" and \
+                frame.f_globals.get("__name__") == "torch.distributed.distributed_c10d":
+            backend = frame.f_locals.get("backend")
+            return None if backend is None else str(backend).lower()
+        frame = frame.f_back
+    return None
 
 
 def env_rendezvous(url, timeout=None, **kwargs):
@@ -87,7 +116,19 @@ def env_rendezvous(url, timeout=None, **kwargs):
             kwargs["timeout"] = timeout
         yield from _TORCH_ENV(url, **kwargs)
         return
-    given = dict(parse_qsl(urlparse(url).query))
+    # As torch's handler: init_process_group's rank= and world_size= (in the query) win
+    # over RANK and WORLD_SIZE.
+    backend = _backend_asked()
+    if backend not in (None, "hpctrain"):
+        raise ValueError(
+            f"init_process_group({backend!r}) without MASTER_ADDR and MASTER_PORT: only the "
+            f"'hpctrain' backend meets its ranks through MPI. Set MASTER_ADDR and "
+            f"MASTER_PORT for {backend} (torch's env:// rendezvous), use "
+            f"hpctrain.torch.init_process_group(), which sets up a store for gloo through "
+            f"MPI, or init_process_group('hpctrain')")
+    given = {key: os.environ[variable] for key, variable in
+             (("rank", "RANK"), ("world_size", "WORLD_SIZE")) if os.environ.get(variable)}
+    given.update(parse_qsl(urlparse(url).query))
     rank, size = world_from_mpi(given)
     yield MPIWorldStore(), rank, size
     raise RuntimeError("hpctrain's MPI rendezvous cannot be repeated (a world has one size)")
