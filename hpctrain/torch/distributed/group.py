@@ -184,8 +184,9 @@ class ProcessGroupHpctrain(dist.ProcessGroup):
             return tensors
         return self._queue(function, tensors, check, work, tensors)
 
-    def reduce(self, tensors, opts):
+    def reduce(self, tensors, opts=None):
         """Reduce ``tensors[0]`` over the group into the root's (others' may be overwritten)."""
+        opts = dist.ReduceOptions() if opts is None else opts
         tensors = _tensor_list(tensors, "reduce")
         chosen = reduction(opts.reduceOp)
         tensor = tensors[0]
@@ -202,8 +203,9 @@ class ProcessGroupHpctrain(dist.ProcessGroup):
             return tensors
         return self._queue("dist.reduce", tensors, check, work, tensors)
 
-    def reduce_scatter(self, output_tensors, input_lists, opts):
+    def reduce_scatter(self, output_tensors, input_lists, opts=None):
         """Reduce every rank's list of blocks; this rank's block into ``output_tensors[0]``."""
+        opts = dist.ReduceScatterOptions() if opts is None else opts
         output, inputs = output_tensors[0], list(input_lists[0])
         chosen = reduction(opts.reduceOp)
 
@@ -218,14 +220,15 @@ class ProcessGroupHpctrain(dist.ProcessGroup):
             return [output]
         return self._queue("dist.reduce_scatter", [output, *inputs], check, work, [output])
 
-    def reduce_scatter_single(self, output, input, opts):  # noqa: A002 - torch's name
+    def reduce_scatter_single(self, output, input, opts=None):  # noqa: A002 - torch's name
         """``reduce_scatter_tensor``: ``input`` holds ``size`` equal blocks."""
         return self.reduce_scatter_single_coalesced([output], [input], opts)
 
     _reduce_scatter_base = reduce_scatter_single
 
-    def reduce_scatter_single_coalesced(self, outputs, inputs, opts):
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
         """``reduce_scatter_tensor`` of several pairs (FSDP2's gradients), one operation."""
+        opts = dist.ReduceScatterOptions() if opts is None else opts
         outputs, inputs = list(outputs), list(inputs)
         chosen = reduction(opts.reduceOp)
         size = self.size()
@@ -270,8 +273,9 @@ class ProcessGroupHpctrain(dist.ProcessGroup):
 
     # ----- data movement -------------------------------------------------------------------
 
-    def broadcast(self, tensors, opts):
+    def broadcast(self, tensors, opts=None):
         """Copy the root's ``tensors`` into every rank's."""
+        opts = dist.BroadcastOptions() if opts is None else opts
         tensors = _tensor_list(tensors, "broadcast")
 
         def check():
@@ -443,9 +447,10 @@ class ProcessGroupHpctrain(dist.ProcessGroup):
         return self._queue("dist.all_to_all", outputs + inputs, check, work, outputs,
                            agreed=[])
 
-    def gather(self, output_lists, input_tensors, opts):
+    def gather(self, output_lists, input_tensors, opts=None):
         """Every rank's ``input_tensors[0]`` into the root's ``output_lists[0]``: an alltoall
         in which every rank sends only to the root."""
+        opts = dist.GatherOptions() if opts is None else opts
         inp = input_tensors[0]
         outs = list(output_lists[0]) if output_lists else []
         size = self.size()
@@ -469,9 +474,10 @@ class ProcessGroupHpctrain(dist.ProcessGroup):
             return [outs]
         return self._queue("dist.gather", [inp, *outs], check, work, [outs], agreed=[inp])
 
-    def scatter(self, output_tensors, input_lists, opts):
+    def scatter(self, output_tensors, input_lists, opts=None):
         """The root's ``input_lists[0][j]`` into rank ``j``'s ``output_tensors[0]``: an
         alltoall in which only the root sends."""
+        opts = dist.ScatterOptions() if opts is None else opts
         out = output_tensors[0]
         ins = list(input_lists[0]) if input_lists else []
         size = self.size()
