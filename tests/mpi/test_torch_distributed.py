@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 import hpctrain.torch.distributed  # noqa: F401 - registers the backend
 
-from conftest import TORCH_ALGOS, all_ranks, raised
+from conftest import TORCH_ALGOS, all_ranks, from_rank0, raised
 
 pytestmark = pytest.mark.mpi
 
@@ -338,3 +338,46 @@ def test_errors_raise_on_every_rank(algo, comm):
     t = torch.ones(1)
     dist.all_reduce(t)                  # the group still works afterwards
     all_ranks(comm, ok and t.item() == size, [repr(e) for e in errors])
+
+
+def test_functional_collectives(algo, comm):
+    import torch.distributed._functional_collectives as functional
+
+    rank, size = dist.get_rank(), dist.get_world_size()
+    world = dist.group.WORLD
+    failures = []
+    compare(failures, "all_reduce",
+            functional.all_reduce(torch.full((3,), float(rank + 1)), "sum", world),
+            torch.full((3,), size * (size + 1) / 2))
+    compare(failures, "all_gather_tensor",
+            functional.all_gather_tensor(torch.full((2,), float(rank)), 0, world),
+            torch.arange(size, dtype=torch.float32).repeat_interleave(2))
+    compare(failures, "reduce_scatter_tensor",
+            functional.reduce_scatter_tensor(torch.arange(2.0 * size), "sum", 0, world),
+            torch.arange(2.0 * rank, 2.0 * rank + 2) * size)
+    all_ranks(comm, not failures, failures)
+
+
+def test_checkpoint_of_a_sharded_model(algo, comm, tmp_path):
+    import torch.distributed.checkpoint as dcp
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+
+
+    where = from_rank0(comm, lambda: str(tmp_path))
+
+    def sharded(seed):
+        torch.manual_seed(seed)
+        net = nn.Sequential(nn.Linear(4, 6), nn.Linear(6, 3))
+        fully_shard(net)
+        return net
+
+    saved = sharded(0)
+    dcp.save({"model": saved.state_dict()}, checkpoint_id=where)
+    loaded = sharded(1)
+    state = {"model": loaded.state_dict()}
+    dcp.load(state, checkpoint_id=where)
+    loaded.load_state_dict(state["model"])
+    same = all(torch.equal(a.full_tensor(), b.full_tensor())
+               for a, b in zip(saved.parameters(), loaded.parameters()))
+    all_ranks(comm, same)

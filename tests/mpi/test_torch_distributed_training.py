@@ -115,3 +115,21 @@ def test_fsdp2_equals_one_process(algo, comm, dtype):
             fully_shard(layer)
     fully_shard(net)
     check_against_one_process(net, dtype, comm, lambda p: p.full_tensor())
+
+
+def test_hsdp_on_a_2d_mesh_equals_one_process(algo, comm):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    size = dist.get_world_size()
+    if size % 2:
+        pytest.skip("a (replicate, shard) mesh of 2 columns needs an even number of ranks")
+    # Replicas of 2 shards: gradients reduce-scattered within a replica, then all-reduced
+    # across replicas (PREMUL_SUM or AVG on a mesh dimension's group).
+    mesh = init_device_mesh("cpu", (size // 2, 2), mesh_dim_names=("replicate", "shard"))
+    net = model(torch.float32)
+    for layer in net:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(net, mesh=mesh)
+    check_against_one_process(net, torch.float32, comm, lambda p: p.full_tensor())
