@@ -181,6 +181,14 @@ def test_all_gather_forms(algo, comm):
             dist.all_gather_into_tensor(whole, mine)
             want = torch.cat([values(r, count, dtype) for r in range(size)])
             compare(failures, f"all_gather_into_tensor {dtype} n={count}", whole, want)
+    # all_gather_coalesced: output_lists[r][i] is rank r's i-th tensor.
+    mine = [values(rank, 3, torch.float32), values(rank, 2, torch.float32)]
+    outputs = [[torch.empty_like(t) for t in mine] for _ in range(size)]
+    dist.all_gather_coalesced(outputs, mine)
+    for r in range(size):
+        for i, t in enumerate(mine):
+            compare(failures, f"all_gather_coalesced rank {r} tensor {i}", outputs[r][i],
+                    values(r, t.numel(), t.dtype))
     all_ranks(comm, not failures, failures)
 
 

@@ -293,15 +293,27 @@ class ProcessGroupHpctrain(dist.ProcessGroup):
         return self._queue("dist.broadcast", tensors, check, work, tensors)
 
     def allgather(self, output_lists, input_tensors, opts=None):
-        """Every rank's ``input_tensors[0]`` into ``output_lists[0]`` on every rank."""
-        return self.allgather_coalesced(output_lists, input_tensors, opts,
-                                        function="dist.all_gather")
+        """Every rank's ``input_tensors[i]`` into ``output_lists[i]`` (one tensor per rank)
+        on every rank."""
+        return self._allgather_lists([list(outs) for outs in output_lists],
+                                     list(input_tensors), "dist.all_gather")
 
-    def allgather_coalesced(self, output_lists, input_tensors, opts=None,
-                            function="dist.all_gather_coalesced"):
-        """Several ``all_gather`` calls, one operation."""
-        output_lists = [list(outs) for outs in output_lists]
+    def allgather_coalesced(self, output_lists, input_tensors, opts=None):
+        """``dist.all_gather_coalesced``: ``output_lists[r][i]`` gets rank ``r``'s
+        ``input_tensors[i]`` (per rank, then per tensor: the transpose of ``allgather``'s)."""
         input_tensors = list(input_tensors)
+        by_rank = [list(outs) for outs in output_lists]
+        if len(by_rank) != self.size() or any(len(o) != len(input_tensors) for o in by_rank):
+            def refuse():           # raised here and announced to the other ranks
+                raise ValueError(f"dist.all_gather_coalesced: give {self.size()} output "
+                                 f"lists (one per rank) of {len(input_tensors)} tensors each")
+            return self._queue("dist.all_gather_coalesced", input_tensors, refuse, None, [])
+        by_tensor = [[outs[i] for outs in by_rank] for i in range(len(input_tensors))]
+        return self._allgather_lists(by_tensor, input_tensors, "dist.all_gather_coalesced",
+                                     by_rank)
+
+    def _allgather_lists(self, output_lists, input_tensors, function, value=None):
+        """``output_lists[i][r]`` gets rank ``r``'s ``input_tensors[i]``; one operation."""
 
         def check():
             for outs, inp in zip(output_lists, input_tensors, strict=True):
@@ -317,7 +329,8 @@ class ProcessGroupHpctrain(dist.ProcessGroup):
                     out.copy_(block.view(out.shape))
             return output_lists
         tensors = input_tensors + [t for outs in output_lists for t in outs]
-        return self._queue(function, tensors, check, work, output_lists)
+        return self._queue(function, tensors, check, work,
+                           output_lists if value is None else value)
 
     def all_gather_single(self, output, input, opts=None):  # noqa: A002 - torch's name
         """``all_gather_into_tensor``: every rank's ``input`` side by side in ``output``."""
