@@ -18,6 +18,7 @@ Rank 0 prints each problem once and every rank exits with status 2 through
 """
 
 import contextlib
+import io
 import os
 import socket
 import sys
@@ -220,9 +221,12 @@ def _where():
 
 
 def _report(text):
+    # torch.distributed's excepthook calls this one with sys.stderr swapped for a buffer that
+    # it prints only once the hook returns, which an abort never does: write past it.
+    stream = sys.__stderr__ if isinstance(sys.stderr, io.StringIO) else sys.stderr
     sys.stdout.flush()
-    sys.stderr.write(f"[hpctrain] {_where()} failed:\n{text}")
-    sys.stderr.flush()
+    stream.write(f"[hpctrain] {_where()} failed:\n{text}")
+    stream.flush()
 
 
 def _exit_job(code):

@@ -113,3 +113,26 @@ def test_auto_without_a_profile_is_one_clear_error_on_every_rank(mpirun, tmp_pat
     assert run.output.count(f"allreduce 'auto': no profile at '{missing}'") == 1, run.output
     assert "HPCTRAIN_ALLREDUCE_PROFILE=" in run.output
     assert "Traceback" not in run.output, run.output
+
+
+@pytest.mark.alone
+@pytest.mark.parametrize("example, np, algo", [("ddp_mpi", 2, "ring"), ("ddp_mpi", 3, "tree"),
+                                               ("fsdp_mpi", 2, "butterfly"),
+                                               ("fsdp_mpi", 4, "ring")])
+def test_the_torch_distributed_scripts_train_on_the_hpctrain_backend(mpirun, example, np,
+                                                                      algo):
+    import sys
+
+    run = mpirun(np, [sys.executable, EXAMPLES / f"{example}.py", "--epochs", "3"],
+                 timeout=240, env={"HPCTRAIN_ALLREDUCE": algo})
+    assert run.returncode == 0, run.output
+    accuracy = float(re.findall(r"test accuracy ([\d.]+)%", run.output)[-1])
+    assert accuracy > 85, run.output
+    assert f"ranks {np}, backend hpctrain, algorithm {algo}" in run.output, run.output
+    if example == "ddp_mpi":
+        assert "replicas identical: True" in run.output, run.output
+    else:
+        # Rank 0 holds its shard only: 1/np of each parameter's rows, rounded up.
+        held, total = map(int, re.search(r"parameters held by rank 0: (\d+) of (\d+)",
+                                         run.output).groups())
+        assert total // np <= held < total, run.output

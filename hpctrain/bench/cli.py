@@ -47,6 +47,16 @@ def add_parser(subparsers):
                     "and bandwidth, and the least-squares α (latency) and β (s/byte).")
     _common(p2p, default_min="1", default_max="16M")
     p2p.set_defaults(func=_run_p2p)
+
+    from . import torch_distributed
+
+    versus = kinds.add_parser(
+        "torch-distributed", help="torch.distributed's hpctrain backend beside gloo",
+        description="all_reduce, all_gather_into_tensor and reduce_scatter_tensor bus "
+                    "bandwidth, and DDP's throughput, over the hpctrain backend and gloo in "
+                    "one run, rounds alternated; medians. Exits 1 if any value was wrong.")
+    torch_distributed.add_arguments(versus)
+    versus.set_defaults(func=_run_torch_distributed)
     return parser
 
 
@@ -106,6 +116,14 @@ def _run_blocks(args):
     from . import driver
 
     return 1 if driver.run(args.collective, args, MPI.COMM_WORLD) else 0
+
+
+def _run_torch_distributed(args):
+    from mpi4py import MPI
+
+    from . import torch_distributed
+
+    return 1 if torch_distributed.run(args, MPI.COMM_WORLD) else 0
 
 
 def _run_p2p(args):

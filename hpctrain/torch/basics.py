@@ -135,12 +135,14 @@ class World:
                                 f"world (e.g. COMM_WORLD.Split(color))")
         return sorted(ranks)
 
-    def register_set(self, pset, ranks):
+    def register_set(self, pset, ranks, distinct=True):
         """On the communication thread, on every rank: number ``pset`` and make its
-        communicator (``Split`` of the world: a collective of every rank)."""
+        communicator (``Split`` of the world: a collective of every rank). ``distinct``:
+        ``ValueError`` where a set of the same ranks exists (Horovod's rule; a
+        ``torch.distributed`` group of the same ranks is another group)."""
         from mpi4py import MPI
 
-        for other in self.sets.values():
+        for other in self.sets.values() if distinct else ():
             if other.ranks == list(ranks):
                 raise ValueError(f"a process set with ranks {list(ranks)} exists already: "
                                  f"{other}")

@@ -1,0 +1,218 @@
+"""``hpctrain bench torch-distributed``: the ``hpctrain`` backend of torch.distributed beside
+gloo, in one run.
+
+    mpirun -np 4 python -m hpctrain bench torch-distributed --rounds 5
+
+Both process groups live in every rank at once: the default group is ``hpctrain``
+(``dist.init_process_group("hpctrain")``), and a gloo group is built beside it on a store
+that the ranks meet at through MPI (:func:`hpctrain.torch.ddp.rendezvous`). Each round times
+every collective at every size on both, in alternating order (hpctrain first in even
+rounds, gloo first in odd ones), so that whatever else the machine does falls on both alike;
+the table gives the median over the rounds of each rank's slowest time. Then DDP's training
+throughput, the same model and batches on either group, rounds alternated likewise.
+
+Collectives: ``all_reduce`` (busbw = algbw * 2(p-1)/p), ``all_gather_into_tensor`` and
+``reduce_scatter_tensor`` (busbw = algbw * (p-1)/p; size: the whole vector), float32 SUM.
+Correctness is checked in a separate pass on integer-valued data (exact in any order); a
+wrong value makes the exit status 1. Rank 0 prints; ``--json`` writes the rows.
+"""
+
+import datetime
+import statistics
+import time
+
+from .report import environment, header_lines, write_json
+from .sizes import format_size, parse_size
+
+COLLECTIVES = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor")
+BACKENDS = ("hpctrain", "gloo")
+
+
+def add_arguments(parser):
+    """The command's options."""
+    parser.add_argument("--sizes", default="1M,16M,64M",
+                        help="message sizes in bytes, comma-separated (default: 1M,16M,64M)")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="alternated rounds; the table gives their median (default: 5)")
+    parser.add_argument("-n", "--iters", type=int, default=3,
+                        help="timed calls per collective, size and round (default: 3)")
+    parser.add_argument("--ddp-steps", type=int, default=10,
+                        help="DDP training steps per round (default: 10; 0: no DDP rows)")
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+
+
+def gloo_group(comm, timeout_s=300):
+    """A gloo process group over ``comm``'s ranks, beside the default group (collective):
+    torch's own ``ProcessGroup`` wrapping a ``ProcessGroupGloo``, as ``init_process_group``
+    builds one, so that DDP takes it."""
+    import torch
+    import torch.distributed as dist
+
+    from ..torch.ddp import rendezvous
+
+    store = rendezvous(comm, datetime.timedelta(seconds=timeout_s))
+    rank, size = comm.Get_rank(), comm.Get_size()
+    gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, size)
+    group = dist.ProcessGroup(dist.PrefixStore("group", store), rank, size)
+    group._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+    group._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, gloo)
+    return group
+
+
+def calls(group, count, size):
+    """``{collective: (call(), check())}`` over ``group`` for ``count`` float32 elements
+    (the whole vector), on buffers made once; ``check()`` says whether the last call's
+    result was exact (the inputs are small integers)."""
+    import torch
+    import torch.distributed as dist
+
+    rank = group.rank()
+    per = count // size
+    reduced = torch.empty(count)
+    whole = torch.empty(per * size)
+    shard = torch.full((per,), float(rank + 1))
+    scatter_in = torch.empty(per * size)
+    scatter_out = torch.empty(per)
+    total = size * (size + 1) / 2
+
+    def all_reduce():
+        reduced.fill_(rank + 1)
+        group.allreduce([reduced], dist.AllreduceOptions()).wait()
+
+    def all_gather():
+        group._allgather_base(whole, shard).wait()
+
+    def reduce_scatter():
+        scatter_in.fill_(rank + 1)
+        group._reduce_scatter_base(scatter_out, scatter_in).wait()
+
+    blocks = torch.arange(1, size + 1, dtype=torch.float32).repeat_interleave(per)
+    return {"all_reduce": (all_reduce, lambda: bool((reduced == total).all())),
+            "all_gather_into_tensor": (all_gather, lambda: bool(torch.equal(whole, blocks))),
+            "reduce_scatter_tensor": (reduce_scatter,
+                                      lambda: bool((scatter_out == total).all()))}
+
+
+def bus_factor(collective, size):
+    """nccl-tests' busbw factor of ``collective`` at ``size`` ranks."""
+    return (2 if collective == "all_reduce" else 1) * (size - 1) / size
+
+
+def timed(comm, call, iters):
+    """The slowest rank's seconds per call of ``iters`` calls (collective)."""
+    from mpi4py import MPI
+
+    comm.Barrier()
+    start = time.perf_counter()
+    for _ in range(iters):
+        call()
+    return comm.allreduce((time.perf_counter() - start) / iters, op=MPI.MAX)
+
+
+def ddp_step_maker(group, steps):
+    """``run()``: ``steps`` DDP training steps over ``group``, on the same model and
+    batches whichever the group (a 4-layer MLP of 1024 wide, 32 rows per rank)."""
+    import torch
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(0)
+    model = DistributedDataParallel(
+        nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
+                      nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10)),
+        process_group=group)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    generator = torch.Generator().manual_seed(group.rank())
+    x, y = torch.randn(32, 256, generator=generator), torch.randint(0, 10, (32,))
+
+    def run():
+        for _ in range(steps):
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+    return run
+
+
+def run(args, comm):
+    """The benchmark (collective); True if any result was wrong."""
+    import torch
+    import torch.distributed as dist
+
+    import hpctrain.torch.distributed  # noqa: F401 - registers the backend
+
+    from ..torch import algorithm
+
+    torch.set_num_threads(1)
+    dist.init_process_group("hpctrain")
+    size = comm.Get_size()
+    groups = {"hpctrain": dist.group.WORLD, "gloo": gloo_group(comm)}
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    settings = {"ranks": size, "algorithm": algorithm(), "rounds": args.rounds,
+                "iters": args.iters, "dtype": "float32", "op": "sum"}
+    lines = header_lines("torch-distributed", settings, comm)
+    wrong = {}
+    times = {}          # (collective, bytes, backend) -> seconds per call, one per round
+    for nbytes in sizes:
+        count = nbytes // 4 // size * size
+        made = {name: calls(group, count, size) for name, group in groups.items()}
+        for name in BACKENDS:           # warm-up and the correctness pass
+            for collective, (call, check) in made[name].items():
+                call()
+                wrong[(collective, nbytes, name)] = not comm.allreduce(check(),
+                                                                       op=_land())
+        for round_ in range(args.rounds):
+            order = BACKENDS if round_ % 2 == 0 else BACKENDS[::-1]
+            for collective in COLLECTIVES:
+                for name in order:
+                    seconds = timed(comm, made[name][collective][0], args.iters)
+                    times.setdefault((collective, nbytes, name), []).append(seconds)
+    rows = [_row(c, n, b, statistics.median(times[(c, n, b)]), size, wrong[(c, n, b)])
+            for c in COLLECTIVES for n in sizes for b in BACKENDS]
+    ddp = _ddp_rows(args, comm, groups, size) if args.ddp_steps else []
+    if comm.Get_rank() == 0:
+        _print(lines, rows, ddp)
+        if args.json:
+            write_json(args.json, {"settings": settings, "environment": environment(),
+                                   "collectives": rows, "ddp": ddp})
+    dist.destroy_process_group()
+    return any(wrong.values())
+
+
+def _land():
+    from mpi4py import MPI
+
+    return MPI.LAND
+
+
+def _row(collective, nbytes, backend, seconds, size, wrong):
+    algbw = nbytes / seconds / 1e9
+    return {"collective": collective, "bytes": nbytes, "backend": backend,
+            "time_us": seconds * 1e6, "algbw_GBs": algbw,
+            "busbw_GBs": algbw * bus_factor(collective, size), "wrong": int(wrong)}
+
+
+def _ddp_rows(args, comm, groups, size):
+    makers = {name: ddp_step_maker(group, args.ddp_steps) for name, group in groups.items()}
+    for name in BACKENDS:
+        makers[name]()                  # warm-up: DDP rebuilds its buckets after a step
+    seconds = {}
+    for round_ in range(args.rounds):
+        for name in (BACKENDS if round_ % 2 == 0 else BACKENDS[::-1]):
+            seconds.setdefault(name, []).append(timed(comm, makers[name], 1))
+    return [{"backend": name, "steps": args.ddp_steps, "rows_per_rank": 32,
+             "samples_per_s": size * 32 * args.ddp_steps / statistics.median(seconds[name])}
+            for name in BACKENDS]
+
+
+def _print(lines, rows, ddp):
+    print("\n".join(lines))
+    print(f"# {'collective':>24} {'size':>8} {'backend':>9} {'time(us)':>11} "
+          f"{'algbw(GB/s)':>12} {'busbw(GB/s)':>12} {'#wrong':>7}")
+    for r in rows:
+        print(f"  {r['collective']:>24} {format_size(r['bytes']):>8} {r['backend']:>9} "
+              f"{r['time_us']:11.1f} {r['algbw_GBs']:12.3f} {r['busbw_GBs']:12.3f} "
+              f"{r['wrong']:7d}")
+    for r in ddp:
+        print(f"# DDP {r['backend']:>9}: {r['samples_per_s']:9.1f} samples/s "
+              f"({r['rows_per_rank']} rows per rank, {r['steps']} steps per round)")
+    print(f"# wrong results: {sum(r['wrong'] for r in rows)}", flush=True)

@@ -1,0 +1,87 @@
+"""What an operation of the ``hpctrain`` process group hands back to ``torch.distributed``: a
+:class:`Work` over one of the engine's handles, whose torch future is completed on the thread
+that finishes the handle (the communication thread for collectives, the point-to-point
+thread for send and recv).
+
+DDP's reducer waits on the future (``getFuture()``), never on the work, so the future must
+complete by itself, without anyone calling :meth:`Work.wait`: :class:`FutureHandle` completes
+it in :meth:`~hpctrain.torch.engine.Handle.finish`, the one place every operation ends,
+whether it ran, failed on every rank (a mismatch, a deadlock) or was failed by a shutdown.
+"""
+
+import torch
+import torch.distributed as dist
+
+from ..engine import Handle
+from ..ops.common import synchronize
+
+
+class FutureHandle(Handle):
+    """An engine :class:`~hpctrain.torch.engine.Handle` that also completes a torch future:
+    with ``value(result)`` when the operation ran, with its exception when it failed."""
+
+    __slots__ = ("future", "value")
+
+    def __init__(self, value):
+        super().__init__()
+        self.future = torch.futures.Future()
+        self.value = value
+
+    def finish(self, result=None, error=None):
+        """Complete the future, then the operation (on the finishing thread): whoever
+        ``wait()`` wakes finds the future done too."""
+        if error is not None:
+            self.future.set_exception(error)
+        else:
+            self.future.set_result(self.value(result[0]))
+        super().finish(result, error)
+
+
+class Work(dist._Work):
+    """``torch.distributed``'s handle of one operation: ``wait()`` raises the operation's
+    error, ``get_future()`` completes by itself, ``_source_rank()`` is the sender of a
+    receive from any source."""
+
+    def __init__(self, handle):
+        super().__init__()
+        self.handle = handle
+
+    def wait(self, timeout=None):
+        """Block until the operation has ended; raise its error, else return True."""
+        # Handle.wait counts this thread as blocked, which the engine's deadlock verdict
+        # needs (every rank waiting for a name another rank never asks for); synchronize
+        # also orders the caller's CUDA stream after the operation's.
+        synchronize(self.handle)
+        return True
+
+    def is_completed(self):
+        """True once the operation has ended (ran or failed)."""
+        return self.handle.done.is_set()
+
+    def is_success(self):
+        """True once the operation has ended without error."""
+        return self.is_completed() and self.handle.error is None
+
+    def exception(self):
+        """The operation's error, or ``None``."""
+        return self.handle.error
+
+    def get_future(self):
+        """A ``torch.futures.Future`` completed when the operation ends."""
+        return self.handle.future
+
+    def result(self):
+        """The operation's output tensors (waits for them)."""
+        self.wait()
+        return self.handle.future.value()
+
+    def synchronize(self):
+        """As :meth:`wait` (CPU: nothing more to order)."""
+        self.wait()
+
+    def _source_rank(self):
+        return synchronize(self.handle)
+
+    def source_rank(self):
+        """The group rank a receive from any source got its message from."""
+        return self._source_rank()

@@ -1,0 +1,391 @@
+"""The ``hpctrain`` backend of ``torch.distributed``: every c10d collective, for every
+allreduce algorithm.
+
+Run under mpirun at np = 1..4: ``mpirun -np N python -m pytest --with-mpi
+tests/mpi/test_torch_distributed.py``. The process group is made as a user's script makes it,
+``dist.init_process_group("hpctrain")`` with no address, rank or store, once per algorithm
+(``HPCTRAIN_ALLREDUCE``), and destroyed after its tests.
+
+Every rank's input is a function of its rank, so each rank computes the expected result from
+all ranks' inputs itself; the values are small integers, exact in every dtype and any order of
+summation (averages are taken of multiples of the number of ranks). Every check is collective
+(``all_ranks``), so that a rank failing alone never leaves the others waiting.
+"""
+
+import datetime
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import hpctrain.torch.distributed  # noqa: F401 - registers the backend
+
+from conftest import TORCH_ALGOS, all_ranks, from_rank0, raised
+
+pytestmark = pytest.mark.mpi
+
+DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32,
+          torch.int64, torch.uint8, torch.int8, torch.int16, torch.bool]
+FLOATS = [d for d in DTYPES if d.is_floating_point]
+OPS = ["SUM", "AVG", "MIN", "MAX", "PRODUCT", "PREMUL_SUM", "BAND", "BOR", "BXOR"]
+#: Element counts: empty, one, a prime that divides by no number of ranks.
+COUNTS = [0, 1, 7]
+
+
+@pytest.fixture(scope="module", params=TORCH_ALGOS)
+def algo(request):
+    """The default group over ``HPCTRAIN_ALLREDUCE=<algorithm>``, as a script makes it."""
+    before = os.environ.get("HPCTRAIN_ALLREDUCE")
+    os.environ["HPCTRAIN_ALLREDUCE"] = request.param
+    dist.init_process_group("hpctrain", timeout=datetime.timedelta(seconds=120))
+    yield request.param
+    dist.destroy_process_group()
+    if before is None:
+        del os.environ["HPCTRAIN_ALLREDUCE"]
+    else:
+        os.environ["HPCTRAIN_ALLREDUCE"] = before
+
+
+def values(rank, count, dtype, scale=1):
+    """Rank ``rank``'s ``count`` small integers, as ``dtype`` can hold them."""
+    cells = (torch.arange(count, dtype=torch.int64) * 3 + 5 * rank) % 9 - 4
+    if dtype == torch.bool:
+        cells = cells % 2
+    elif dtype == torch.uint8:
+        cells = cells % 7 + 7
+    return (cells * scale).to(dtype)
+
+
+def folded(name, inputs, dtype):
+    """The reduction ``name`` of ``inputs`` (one per rank), computed here."""
+    wide = [t.to(torch.float64 if dtype.is_floating_point else torch.int64) for t in inputs]
+    total = wide[0].clone()
+    for t in wide[1:]:
+        if name in ("SUM", "AVG", "PREMUL_SUM"):
+            total += t
+        elif name == "PRODUCT":
+            total *= t
+        elif name == "MIN":
+            total = torch.minimum(total, t)
+        elif name == "MAX":
+            total = torch.maximum(total, t)
+        else:
+            fold = {"BAND": torch.bitwise_and, "BOR": torch.bitwise_or,
+                    "BXOR": torch.bitwise_xor}[name]
+            total = fold(total, t)
+    if name == "AVG":
+        total = torch.div(total, len(inputs), rounding_mode="trunc")
+    if name == "PREMUL_SUM":
+        total = total * 2
+    return total.to(dtype)
+
+
+def op_of(name):
+    if name == "PREMUL_SUM":
+        return dist._make_nccl_premul_sum(2.0)
+    return getattr(dist.ReduceOp, name)
+
+
+def takes(name, dtype):
+    """Whether c10d's op ``name`` applies to ``dtype`` (bitwise: integers and bool; AVG and
+    PREMUL_SUM: floating point, as gloo and NCCL take them)."""
+    if name in ("BAND", "BOR", "BXOR"):
+        return not dtype.is_floating_point
+    if name in ("AVG", "PREMUL_SUM"):
+        return dtype.is_floating_point
+    return True
+
+
+def compare(failures, what, got, want):
+    if not torch.equal(got, want):
+        failures.append(f"{what}: got {got.tolist()}, want {want.tolist()}")
+
+
+def test_all_reduce_every_op_and_dtype(algo, comm):
+    rank, size = dist.get_rank(), dist.get_world_size()
+    failures = []
+    for dtype in DTYPES:
+        for name in OPS:
+            if not takes(name, dtype):
+                continue
+            scale = size if name == "AVG" else 1
+            for count in COUNTS:
+                tensor = values(rank, count, dtype, scale)
+                dist.all_reduce(tensor, op=op_of(name))
+                want = folded(name, [values(r, count, dtype, scale) for r in range(size)],
+                              dtype)
+                compare(failures, f"{algo} {name} {dtype} n={count}", tensor, want)
+    all_ranks(comm, not failures, failures)
+
+
+def test_all_reduce_non_contiguous_and_async(algo, comm):
+    rank, size = dist.get_rank(), dist.get_world_size()
+    base = values(rank, 12, torch.float32).view(3, 4)
+    column = base.t()                              # not contiguous
+    work = dist.all_reduce(column, async_op=True)
+    future = work.get_future()
+    work.wait()
+    want = folded("SUM", [values(r, 12, torch.float32).view(3, 4).t() for r in range(size)],
+                  torch.float32)
+    failures = []
+    compare(failures, "non-contiguous", column, want)
+    compare(failures, "future value", future.value()[0], want)
+    all_ranks(comm, work.is_completed() and future.done() and not failures, failures)
+
+
+def test_all_reduce_coalesced(algo, comm):
+    rank, size = dist.get_rank(), dist.get_world_size()
+    tensors = [values(rank, n, dtype) for n, dtype in
+               [(3, torch.float32), (5, torch.int64), (0, torch.float32), (2, torch.bfloat16)]]
+    with dist._coalescing_manager(async_ops=True) as manager:
+        for t in tensors:
+            dist.all_reduce(t)
+    manager.wait()
+    failures = []
+    for t in tensors:
+        want = folded("SUM", [values(r, t.numel(), t.dtype) for r in range(size)], t.dtype)
+        compare(failures, f"coalesced {t.dtype}", t, want)
+    all_ranks(comm, not failures, failures)
+
+
+def test_broadcast_and_reduce_every_root(algo, comm):
+    rank, size = dist.get_rank(), dist.get_world_size()
+    failures = []
+    for root in range(size):
+        for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.int64, torch.bool):
+            tensor = values(rank, 7, dtype)
+            dist.broadcast(tensor, src=root)
+            compare(failures, f"broadcast {dtype} root {root}", tensor, values(root, 7, dtype))
+            for name in ("SUM", "MAX", "PRODUCT"):
+                tensor = values(rank, 7, dtype)
+                dist.reduce(tensor, dst=root, op=op_of(name))
+                if rank == root:
+                    want = folded(name, [values(r, 7, dtype) for r in range(size)], dtype)
+                    compare(failures, f"reduce {name} {dtype} root {root}", tensor, want)
+    all_ranks(comm, not failures, failures)
+
+
+def test_all_gather_forms(algo, comm):
+    rank, size = dist.get_rank(), dist.get_world_size()
+    failures = []
+    for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.int8, torch.bool):
+        for count in COUNTS:
+            mine = values(rank, count, dtype)
+            outputs = [torch.empty(count, dtype=dtype) for _ in range(size)]
+            dist.all_gather(outputs, mine)
+            for r, out in enumerate(outputs):
+                compare(failures, f"all_gather {dtype} n={count} from {r}", out,
+                        values(r, count, dtype))
+            whole = torch.empty(size * count, dtype=dtype)
+            dist.all_gather_into_tensor(whole, mine)
+            want = torch.cat([values(r, count, dtype) for r in range(size)])
+            compare(failures, f"all_gather_into_tensor {dtype} n={count}", whole, want)
+    # all_gather_coalesced: output_lists[r][i] is rank r's i-th tensor.
+    mine = [values(rank, 3, torch.float32), values(rank, 2, torch.float32)]
+    outputs = [[torch.empty_like(t) for t in mine] for _ in range(size)]
+    dist.all_gather_coalesced(outputs, mine)
+    for r in range(size):
+        for i, t in enumerate(mine):
+            compare(failures, f"all_gather_coalesced rank {r} tensor {i}", outputs[r][i],
+                    values(r, t.numel(), t.dtype))
+    all_ranks(comm, not failures, failures)
+
+
+def test_reduce_scatter_forms(algo, comm):
+    rank, size = dist.get_rank(), dist.get_world_size()
+    failures = []
+    for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.int32, torch.uint8):
+        for name in ("SUM", "AVG", "MAX", "PREMUL_SUM", "BOR"):
+            if not takes(name, dtype):
+                continue
+            scale = size if name == "AVG" else 1
+            for count in COUNTS:
+                whole = [values(r, count * size, dtype, scale) for r in range(size)]
+                want = folded(name, whole, dtype)[rank * count:(rank + 1) * count]
+                out = torch.empty(count, dtype=dtype)
+                dist.reduce_scatter_tensor(out, whole[rank].clone(), op=op_of(name))
+                compare(failures, f"reduce_scatter_tensor {name} {dtype} n={count}", out,
+                        want)
+                out = torch.empty(count, dtype=dtype)
+                dist.reduce_scatter(out, list(whole[rank].clone().view(size, count).unbind()),
+                                    op=op_of(name))
+                compare(failures, f"reduce_scatter {name} {dtype} n={count}", out, want)
+    all_ranks(comm, not failures, failures)
+
+
+def test_all_to_all_uneven(algo, comm):
+    rank, size = dist.get_rank(), dist.get_world_size()
+    # Rank i sends (i + j) % 3 rows of width 2 to rank j: some blocks are empty.
+    rows = [[(i + j) % 3 for j in range(size)] for i in range(size)]
+
+    def block(i, j, dtype):
+        return (torch.arange(rows[i][j] * 2) + 10 * i + j).view(-1, 2).to(dtype)
+
+    failures = []
+    for dtype in (torch.bfloat16, torch.float32, torch.int64):
+        send = torch.cat([block(rank, j, dtype) for j in range(size)])
+        recv_rows = [rows[i][rank] for i in range(size)]
+        out = torch.empty(sum(recv_rows), 2, dtype=dtype)
+        dist.all_to_all_single(out, send, output_split_sizes=recv_rows,
+                               input_split_sizes=rows[rank])
+        want = torch.cat([block(i, rank, dtype) for i in range(size)])
+        compare(failures, f"all_to_all_single {dtype}", out, want)
+        outs = [torch.empty(rows[i][rank], 2, dtype=dtype) for i in range(size)]
+        dist.all_to_all(outs, [block(rank, j, dtype) for j in range(size)])
+        compare(failures, f"all_to_all {dtype}", torch.cat(outs), want)
+    even = torch.arange(size * 3, dtype=torch.float32) + 100 * rank
+    out = torch.empty_like(even)
+    dist.all_to_all_single(out, even)
+    want = torch.cat([torch.arange(rank * 3, rank * 3 + 3, dtype=torch.float32) + 100 * i
+                      for i in range(size)])
+    compare(failures, "all_to_all_single equal", out, want)
+    all_ranks(comm, not failures, failures)
+
+
+def test_gather_scatter_every_root(algo, comm):
+    rank, size = dist.get_rank(), dist.get_world_size()
+    failures = []
+    for root in range(size):
+        mine = values(rank, 5, torch.bfloat16)
+        outs = [torch.empty(5, dtype=torch.bfloat16) for _ in range(size)] \
+            if rank == root else None
+        dist.gather(mine, outs, dst=root)
+        if rank == root:
+            for r, out in enumerate(outs):
+                compare(failures, f"gather root {root} from {r}", out,
+                        values(r, 5, torch.bfloat16))
+        out = torch.empty(4, dtype=torch.int64)
+        pieces = [values(r + 10 * root, 4, torch.int64) for r in range(size)] \
+            if rank == root else None
+        dist.scatter(out, pieces, src=root)
+        compare(failures, f"scatter root {root}", out, values(rank + 10 * root, 4, torch.int64))
+    all_ranks(comm, not failures, failures)
+
+
+def test_barrier_and_object_collectives(algo, comm):
+    rank, size = dist.get_rank(), dist.get_world_size()
+    dist.barrier()
+    gathered = [None] * size
+    dist.all_gather_object(gathered, {"rank": rank})
+    objects = [f"from {rank}"]
+    dist.broadcast_object_list(objects, src=size - 1)
+    ok = gathered == [{"rank": r} for r in range(size)] and objects == [f"from {size - 1}"]
+    all_ranks(comm, ok, [f"{gathered} {objects}"])
+
+
+def test_send_recv(algo, comm):
+    rank, size = dist.get_rank(), dist.get_world_size()
+    failures = []
+    if size > 1:
+        right, left = (rank + 1) % size, (rank - 1) % size
+        got = torch.empty(6, dtype=torch.bfloat16)
+        ops = [dist.P2POp(dist.isend, values(rank, 6, torch.bfloat16), right),
+               dist.P2POp(dist.irecv, got, left)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        compare(failures, "batch_isend_irecv", got, values(left, 6, torch.bfloat16))
+        # Every rank but 0 sends to rank 0, which receives from whichever comes first.
+        if rank == 0:
+            senders = []
+            for _ in range(size - 1):
+                got = torch.empty(3, dtype=torch.int64)
+                sender = dist.recv(got, tag=7)
+                senders.append(sender)
+                compare(failures, f"recv from any ({sender})", got,
+                        values(sender, 3, torch.int64))
+            if sorted(senders) != list(range(1, size)):
+                failures.append(f"senders {senders}")
+        else:
+            dist.send(values(rank, 3, torch.int64), dst=0, tag=7)
+        column = torch.zeros(4, 3).t()          # a non-contiguous receive
+        if rank == 0:
+            dist.send(torch.arange(12.0).view(3, 4), dst=size - 1)
+        elif rank == size - 1:
+            dist.recv(column, src=0)
+            compare(failures, "non-contiguous recv", column, torch.arange(12.0).view(3, 4))
+    all_ranks(comm, not failures, failures)
+
+
+def test_new_group_and_device_mesh(algo, comm):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    rank, size = dist.get_rank(), dist.get_world_size()
+    failures = []
+    odd = dist.new_group([r for r in range(size) if r % 2])
+    again = dist.new_group(list(range(size)))     # the world's ranks: a group of its own
+    if rank % 2:
+        t = torch.tensor([float(rank)])
+        dist.all_reduce(t, group=odd)
+        compare(failures, "odd group", t, torch.tensor([float(sum(range(1, size, 2)))]))
+    t = torch.tensor([1])
+    dist.all_reduce(t, group=again)
+    compare(failures, "second world group", t, torch.tensor([size]))
+    if size % 2 == 0:
+        mesh = init_device_mesh("cpu", (size // 2, 2), mesh_dim_names=("replicate", "shard"))
+        for dim in ("replicate", "shard"):
+            group = mesh.get_group(dim)
+            ranks = dist.get_process_group_ranks(group)
+            t = torch.tensor([rank])
+            dist.all_reduce(t, group=group)
+            compare(failures, f"mesh {dim}", t, torch.tensor([sum(ranks)]))
+    all_ranks(comm, not failures, failures)
+
+
+def test_errors_raise_on_every_rank(algo, comm):
+    rank, size = dist.get_rank(), dist.get_world_size()
+    errors = []
+    if size > 1:
+        # Shapes that differ across ranks: every rank raises, as gloo does (RuntimeError).
+        errors.append(raised(lambda: dist.all_reduce(torch.ones(2 + (rank == 0)))))
+    # An op the dtype cannot take: TypeError everywhere, before anything is sent.
+    errors.append(raised(lambda: dist.all_reduce(torch.ones(2), op=dist.ReduceOp.BAND)))
+    # A root that is not a rank of the group.
+    errors.append(raised(lambda: dist.broadcast(torch.ones(2), src=size)))
+    ok = all(isinstance(e, (RuntimeError, TypeError, ValueError)) for e in errors)
+    t = torch.ones(1)
+    dist.all_reduce(t)                  # the group still works afterwards
+    all_ranks(comm, ok and t.item() == size, [repr(e) for e in errors])
+
+
+def test_functional_collectives(algo, comm):
+    import torch.distributed._functional_collectives as functional
+
+    rank, size = dist.get_rank(), dist.get_world_size()
+    world = dist.group.WORLD
+    failures = []
+    compare(failures, "all_reduce",
+            functional.all_reduce(torch.full((3,), float(rank + 1)), "sum", world),
+            torch.full((3,), size * (size + 1) / 2))
+    compare(failures, "all_gather_tensor",
+            functional.all_gather_tensor(torch.full((2,), float(rank)), 0, world),
+            torch.arange(size, dtype=torch.float32).repeat_interleave(2))
+    compare(failures, "reduce_scatter_tensor",
+            functional.reduce_scatter_tensor(torch.arange(2.0 * size), "sum", 0, world),
+            torch.arange(2.0 * rank, 2.0 * rank + 2) * size)
+    all_ranks(comm, not failures, failures)
+
+
+def test_checkpoint_of_a_sharded_model(algo, comm, tmp_path):
+    import torch.distributed.checkpoint as dcp
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+
+
+    where = from_rank0(comm, lambda: str(tmp_path))
+
+    def sharded(seed):
+        torch.manual_seed(seed)
+        net = nn.Sequential(nn.Linear(4, 6), nn.Linear(6, 3))
+        fully_shard(net)
+        return net
+
+    saved = sharded(0)
+    dcp.save({"model": saved.state_dict()}, checkpoint_id=where)
+    loaded = sharded(1)
+    state = {"model": loaded.state_dict()}
+    dcp.load(state, checkpoint_id=where)
+    loaded.load_state_dict(state["model"])
+    same = all(torch.equal(a.full_tensor(), b.full_tensor())
+               for a, b in zip(saved.parameters(), loaded.parameters()))
+    all_ranks(comm, same)

@@ -1,0 +1,35 @@
+"""The two lines of a ``torch.distributed`` script on the ``hpctrain`` backend, and what they
+do with bad input; rank 0 prints what happened.
+
+    mpirun -np 2 python tests/programs/torch_distributed.py CASE
+
+``import``: importing registers the backend and starts nothing (no MPI, no thread);
+``sum``: ``init_process_group("hpctrain")`` with no address, rank or store, then a SUM of
+rank + 1 (exit 1 on a wrong sum); ``skip-new-group``: every rank but 0 calls ``new_group``,
+rank 0 goes on to an all_reduce; ``gloo``: ``init_process_group("gloo")`` without
+``MASTER_ADDR`` after the import (only the hpctrain backend runs without a store).
+"""
+
+import sys
+import threading
+
+import torch
+import torch.distributed as dist
+
+import hpctrain.torch.distributed  # noqa: F401 - registers the backend
+
+case = sys.argv[1]
+if case == "import":
+    print(f"hpctrain registered: {'HPCTRAIN' in dist.Backend._plugins}; MPI imported: "
+          f"{'mpi4py.MPI' in sys.modules}; threads: {threading.active_count()}", flush=True)
+    sys.exit(0)
+dist.init_process_group("gloo" if case == "gloo" else "hpctrain")
+rank, size = dist.get_rank(), dist.get_world_size()
+if case == "skip-new-group" and rank != 0:
+    dist.new_group(list(range(size)))
+total = torch.full((3,), float(rank + 1))
+dist.all_reduce(total)
+if rank == 0:
+    print(f"{dist.get_backend()} over {size} ranks: {total.tolist()}", flush=True)
+dist.destroy_process_group()
+sys.exit(0 if bool((total == size * (size + 1) / 2).all()) else 1)
