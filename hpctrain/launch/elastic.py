@@ -50,9 +50,12 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
+
 from .. import elastic as contract
 from .. import mpi_support
 from ..errors import UsageError
+from ..runtime import RANK_VARIABLES
 from . import find_mpirun, kill_launch, launch_environment, mpirun_command, split_options
 from .hosts import DiscoveryError, discover, fit, given_hosts, host_list, ranks_for, total_slots
 
@@ -62,6 +65,11 @@ SAY = "[hpctrain.launch]"
 HOST_OPTIONS = ("-H", "--host", "-host", "--hostfile", "-hostfile", "--machinefile",
                 "-machinefile", "-np", "-n", "--np", "-c")
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: Seconds between two looks at a start that is not up yet (its ranks, events.jsonl).
+START_POLL_S = 0.1
+#: Seconds a start that lost a rank before it was up has to end by itself or come up before
+#: the launcher ends it: Open MPI without ULFM ends such a job within about 1 s.
+START_GRACE_S = 3.0
 
 
 @dataclasses.dataclass
@@ -352,6 +360,49 @@ def _signal_name(number):
 
 # --- the job ------------------------------------------------------------------------------
 
+class LaunchRanks:
+    """The ranks of a launch that this machine sees: the processes below its mpirun to which
+    MPI gave a rank (a launcher's rank variable in their environment; not in mpirun's own,
+    ``env``), without their own children. They are its ranks here, and on an emulated
+    cluster of network namespaces every host's (one PID namespace); ranks on other machines
+    are not seen, and there the ranks' own start-up bound ends the wait
+    (:mod:`hpctrain.startup`)."""
+
+    def __init__(self, pid, env):
+        self.names = [name for name in RANK_VARIABLES if name not in env]
+        self.root, self.ranks = psutil.Process(pid), {}     # pid -> (rank, psutil.Process)
+
+    def lost(self):
+        """``[(rank, pid)]`` of the ranks seen at an earlier look that have ended since."""
+        try:
+            below = self.root.children(recursive=True)     # parents before their children
+        except psutil.Error:
+            below = []
+        for proc in below:
+            if proc.pid not in self.ranks:
+                rank = self._rank(proc)
+                if rank is not None:
+                    self.ranks[proc.pid] = (rank, proc)
+        return [(rank, pid) for pid, (rank, proc) in self.ranks.items() if not _running(proc)]
+
+    def _rank(self, proc):
+        try:
+            if proc.ppid() in self.ranks:
+                return None     # a rank's own child (a data loader's worker, its watcher)
+            environ = proc.environ()
+        except psutil.Error:
+            return None
+        found = [environ[name] for name in self.names if environ.get(name, "").isdigit()]
+        return int(found[0]) if found else None
+
+
+def _running(proc):
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 class ElasticJob:
     """The starts of one elastic job, one after the other. Each runs ``mpirun`` on the hosts
     of the moment; what it exits with (:mod:`hpctrain.elastic`) decides the next."""
@@ -369,6 +420,7 @@ class ElasticJob:
         self.local = options.discovery is None and options.host_list is None \
             and options.hostfile is None
         self.discovery_failing = False   # warned of, and no good answer since
+        self.cut_short = None            # why the launcher ended the last start, if it did
 
     def run(self):
         """Start the job until it finishes or cannot go on; the launcher's exit status."""
@@ -411,13 +463,15 @@ class ElasticJob:
                            hosts=[list(h) for h in hosts], restart=self.restarts,
                            hosts_version=version, argv=argv)
         self.launched_at, began = time.time(), time.monotonic()
-        proc = subprocess.Popen(argv, env=self.environment(), start_new_session=True,
+        env, self.cut_short = self.environment(), None
+        proc = subprocess.Popen(argv, env=env, start_new_session=True,
                                 preexec_fn=_end_with_launcher)
-        rc = self.watch(proc, np)
+        rc = self.watch(proc, np, LaunchRanks(proc.pid, env))
         seconds = time.monotonic() - began
         contract.log_event(self.folder, "exit", start=self.starts, rc=rc,
                            seconds=round(seconds, 3))
-        say(f"end {self.starts}: exit {rc} after {seconds:.1f} s ({meaning(rc)})")
+        say(f"end {self.starts}: exit {rc} after {seconds:.1f} s "
+            f"({self.cut_short or meaning(rc)})")
         return rc, version
 
     def settings(self):
@@ -439,21 +493,72 @@ class ElasticJob:
             env.pop(name, None)
         return {**env, **self.settings()}
 
-    def watch(self, proc, np):
+    def watch(self, proc, np, ranks):
         """Wait for ``proc`` (mpirun), asking for more hosts every --discovery-interval;
-        its exit status. Whatever ends the wait (a signal) ends mpirun and its ranks too."""
+        its exit status. Until the start is up, ``ranks`` (its :class:`LaunchRanks`) are
+        watched too, and one that is lost ends the start (:meth:`cut`). Whatever ends the
+        wait (a signal) ends mpirun and its ranks too."""
         try:
+            if not self.until_up(proc, np, ranks):
+                return proc.wait()
             if self.options.discovery is None:
                 return proc.wait()
-            interval = self.options.interval or 5.0
             while True:     # ends with mpirun
                 try:
-                    return proc.wait(timeout=interval)
+                    return proc.wait(timeout=self.interval)
                 except subprocess.TimeoutExpired:
                     self.look_for_more_hosts(np)
         finally:
             if proc.poll() is None:
                 kill_launch(proc)
+
+    @property
+    def interval(self):
+        """Seconds between two looks for more hosts."""
+        return self.options.interval or 5.0
+
+    def until_up(self, proc, np, ranks):
+        """Wait until this start is up (``True``), or has ended (``False``): by itself, or
+        cut short because one of its ranks was lost before it was up (:meth:`cut`), for
+        then its other ranks may wait for it for ever (``MPI_Init`` has no failure
+        detection, under ULFM too)."""
+        looked = time.monotonic()
+        while not contract.is_up(self.folder, self.starts, self.launched_at):
+            try:
+                proc.wait(timeout=START_POLL_S)
+                return False
+            except subprocess.TimeoutExpired:
+                pass
+            lost = ranks.lost()
+            if lost:
+                return self.cut(proc, lost)
+            if self.options.discovery is not None and time.monotonic() - looked > self.interval:
+                self.look_for_more_hosts(np)
+                looked = time.monotonic()
+        return True
+
+    def cut(self, proc, lost):
+        """A start lost ranks ``lost`` (``[(rank, pid)]``) before it was up: give it
+        ``START_GRACE_S`` to end by itself (Open MPI without ULFM ends a job whose rank
+        died, as it does one whose ranks all exit, on bad input) or to come up (survivors
+        of a death after ``MPI_Init`` shrink in place), then end it. Whether it came up."""
+        deadline = time.monotonic() + START_GRACE_S
+        while time.monotonic() < deadline:
+            try:
+                proc.wait(timeout=START_POLL_S)
+                return False
+            except subprocess.TimeoutExpired:
+                pass
+            if contract.is_up(self.folder, self.starts, self.launched_at):
+                return True
+        ranks = ", ".join(f"rank {rank} (pid {pid})" for rank, pid in lost)
+        self.cut_short = "a rank lost while the start was not up: ended by the launcher"
+        say(f"start {self.starts}: {ranks} ended before the start was up, and the other ranks "
+            f"would wait for it for ever: ending the start")
+        contract.log_event(self.folder, "lost_in_start", start=self.starts,
+                           ranks=[rank for rank, _ in lost])
+        kill_launch(proc)
+        return False
 
     def look_for_more_hosts(self, np):
         """Run the discovery script; when its hosts hold more ranks than at the last look,

@@ -24,6 +24,7 @@ import functools
 import sys
 
 from ... import elastic as job
+from ... import startup
 from ..backends import NATIVE
 from ..basics import abandon, is_initialized, shutdown, world
 from ..engine import HorovodInternalError, ProcessFailure, process_failure
@@ -65,7 +66,7 @@ def _attempts(state, func, args, kwargs):
         commits = state.commits
         try:
             if sync:
-                state.sync()
+                _sync(state)
             return func(state, *args, **kwargs)
         except ProcessFailure:
             state.restore()
@@ -86,6 +87,15 @@ def _attempts(state, func, args, kwargs):
                 f"hvd.elastic.run: {resets} resets in a row without a commit between them: "
                 f"the failure comes back at once; giving up")
         state.on_reset()
+
+
+def _sync(state):
+    """Sync the state from rank 0. The first sync ends the start-up: its wait counts against
+    the start-up bound (:mod:`hpctrain.startup`), and after it the start is up."""
+    with startup.waiting("in the first sync of the state, in hvd.elastic.run"):
+        state.sync()
+    startup.end()
+    job.log_up(world().rank, np=world().size)
 
 
 def _resume(state):
