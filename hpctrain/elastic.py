@@ -135,17 +135,10 @@ def this_start(environ=None):
 
 
 def log_up(rank, **fields):
-    """The start is up: every rank has started and synced (call it on every rank, after the
-    first sync; a process belongs to one start, so later calls do nothing). Rank ``rank`` 0
-    logs it."""
-    if _said_up:
-        return
-    _said_up.append(rank)
+    """The start is up: every rank has started and synced (call it on every rank, once,
+    after the first sync). Rank ``rank`` 0 logs it."""
     if rank == 0:
         log_event(state_dir(), EVENT_UP, start=this_start(), **fields)
-
-
-_said_up = []       # whether this process has said its start is up (one start per process)
 
 
 def is_up(folder, start, since):

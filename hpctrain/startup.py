@@ -9,18 +9,27 @@ the state (``hvd.elastic.run``), after which rank 0 says the start is up
 (:func:`hpctrain.elastic.log_up`). Those waits together may last ``HPCTRAIN_START_TIMEOUT_S``
 seconds (:func:`timeout`); the rank's own work between them (reading its data, building its
 model) does not count. A rank that has waited that long prints one line naming itself, the
-wait and the setting, and is ended (SIGKILL): its launcher sees a failed start.
+wait and the setting, then its Python traceback, and exits with status 1.
 
 ``MPI_Init`` holds Python's GIL: mpi4py calls it without releasing it (a thread of ours
-printed nothing while its rank waited 4 s there), so no thread of the rank could end that
-wait, and a signal's Python handler would never run. The bound is kept by a watcher
-instead: this file, run as a small process of its own by the rank's Python (``-I -S``: the
-standard library only, started in tens of milliseconds), which the rank tells through a
-pipe when a wait begins and ends. It ends with the rank: when the rank is gone, the pipe
-closes.
+printed nothing while its rank waited 4 s there), so no Python thread of the rank can end
+that wait, nor can a signal's Python handler. Two things that need no GIL keep the bound:
+
+- ``faulthandler``'s timer, a C thread of the rank, which prints the rank's traceback and
+  exits with status 1. An exit status, not a signal: under ``--with-ft ulfm``, Open MPI 5's
+  mpirun exits 0 when every rank was killed by a signal (seen here), and the elastic launcher
+  would take the job for finished;
+- a watcher, this file run as a small process of the rank (``-I -S``: the standard library
+  only, tens of milliseconds), told through a pipe when each wait must end; at that moment
+  it prints the line that says why, one second before the timer ends the rank. It ends with
+  the rank: when the rank is gone, the pipe closes.
+
+The timer is the process's only ``faulthandler.dump_traceback_later``: a script's own is
+cancelled by the start-up's waits.
 """
 
 import contextlib
+import faulthandler
 import os
 import select
 import signal
@@ -32,13 +41,31 @@ import time
 #: The bound at np ranks is ``BASE_S + PER_RANK_S * np`` unless ``HPCTRAIN_START_TIMEOUT_S``
 #: says otherwise. A rank's wait in MPI_Init includes every other rank's start before it
 #: (Python and torch imported from a file system that serves them all: minutes at thousands
-#: of ranks on a parallel file system), and MPI_Init's exchange and the first sync grow with
-#: the ranks; the base covers the spread of one node's start on a loaded machine.
+#: of ranks on a parallel file system), and MPI_Init's exchange and the first sync (rank 0
+#: reads the commit, then broadcasts the state) grow with the ranks; the base covers the
+#: spread of the start of one node's ranks on a loaded machine.
 BASE_S = 120.0
 PER_RANK_S = 0.1
 VARIABLE = "HPCTRAIN_START_TIMEOUT_S"
+#: Seconds between the watcher's line and the timer's exit: the line comes first.
+SAY_FIRST_S = 1.0
 
-_watch = None       # this process's watcher while its start is not up
+
+class _Bound:
+    """This process's start-up bound while its start is not up."""
+
+    def __init__(self, bound, watcher):
+        self.left, self.watcher = bound, watcher
+
+    def tell(self, line):
+        try:
+            self.watcher.stdin.write(f"{line}\n".encode())
+            self.watcher.stdin.flush()
+        except OSError:
+            pass        # the watcher is gone: the timer alone ends the rank
+
+
+_bound = None
 
 
 def timeout(given, size):
@@ -50,67 +77,68 @@ def timeout(given, size):
 def begin(given, rank, size):
     """Start bounding this process's start-up, where there is something to bound: more than
     one rank, a bound, and MPI not started yet (a second ``init`` is no start)."""
-    global _watch
+    global _bound
     bound = timeout(given, size)
-    if _watch is not None or size < 2 or bound <= 0 or "mpi4py.MPI" in sys.modules \
-            and sys.modules["mpi4py.MPI"].Is_initialized():
+    started = "mpi4py.MPI" in sys.modules and sys.modules["mpi4py.MPI"].Is_initialized()
+    if _bound is not None or size < 2 or bound <= 0 or started:
         return
     why = f"{VARIABLE}={given:g}" if given is not None else \
         f"the default at np {size}: {BASE_S:g} s + {PER_RANK_S:g} s per rank"
     who = f"rank {rank} of {size} on {socket.gethostname()} (pid {os.getpid()})"
-    _watch = subprocess.Popen([sys.executable, "-I", "-S", __file__, str(os.getpid()),
-                               repr(bound), who, why], stdin=subprocess.PIPE, close_fds=True)
+    watcher = subprocess.Popen([sys.executable, "-I", "-S", __file__, str(os.getpid()),
+                                f"{bound:g}", who, why], stdin=subprocess.PIPE)
+    _bound = _Bound(bound, watcher)
 
 
 @contextlib.contextmanager
 def waiting(what):
     """While in it, this rank waits for the others (``what``: where), and the time counts
     against the bound."""
-    _tell(f"wait {what}")
+    if _bound is None:
+        yield
+        return
+    began = time.monotonic()
+    _bound.tell(f"{began + _bound.left!r} {what}")
+    faulthandler.dump_traceback_later(_bound.left + SAY_FIRST_S, exit=True)
     try:
         yield
     finally:
-        _tell("pause")
+        faulthandler.cancel_dump_traceback_later()
+        _bound.tell("pause")
+        _bound.left -= time.monotonic() - began
 
 
 def end():
     """The start is up (or this process's start-up is not bounded any more): the watcher
     goes."""
-    global _watch
-    if _watch is None:
+    global _bound
+    if _bound is None:
         return
-    _tell("end")
     with contextlib.suppress(OSError):
-        _watch.stdin.close()
-    _watch.wait()
-    _watch = None
-
-
-def _tell(line):
-    if _watch is None:
-        return
-    try:
-        _watch.stdin.write(f"{line}\n".encode())
-        _watch.stdin.flush()
-    except OSError:
-        pass        # the watcher has ended this rank, or is ending it
+        _bound.watcher.stdin.close()
+    _bound.watcher.wait()
+    _bound = None
 
 
 # --- the watcher: a process of its own ------------------------------------------------------
 
 def watch(parent, bound, who, why, commands):
-    """Count the time ``parent`` spends in the waits that ``commands`` (a file descriptor:
-    lines ``wait WHAT``, ``pause``, ``end``) tells of; past ``bound`` s, say so and SIGKILL
-    ``parent``. Returns when told ``end`` or when the pipe closes (the rank is gone)."""
-    spent, since, what, pending = 0.0, None, None, b""
+    """Print why ``parent`` ends when a wait outlasts its deadline: ``commands`` (a file
+    descriptor) gives lines ``DEADLINE WHAT`` (``time.monotonic()``, which every process of
+    the machine shares) and ``pause``. Returns when the pipe closes: the rank is up, or
+    gone."""
+    deadline, what, pending = None, None, b""
     while os.getppid() == parent:
-        left = None if since is None else bound - spent - (time.monotonic() - since)
-        if left is not None and left <= 0:
-            _end_rank(parent, bound, who, why, what)
-            return
+        if deadline is not None and time.monotonic() >= deadline:
+            os.write(2, (f"[hpctrain] {who}: waited {bound:g} s for the other ranks in "
+                         f"start-up ({what}): one of them has died or is stuck before it. "
+                         f"Ending this rank, whose job cannot start. If the start is only "
+                         f"slow, set {VARIABLE} to more seconds (now {why}).\n").encode())
+            deadline = None
         # A child the rank forked keeps the pipe open after the rank is gone: the parent is
-        # looked at again every second too.
-        ready, _, _ = select.select([commands], [], [], min(left or 1.0, 1.0))
+        # looked at again every second.
+        left = 1.0 if deadline is None else min(max(deadline - time.monotonic(), 0), 1.0)
+        ready, _, _ = select.select([commands], [], [], left)
         if not ready:
             continue
         chunk = os.read(commands, 4096)
@@ -118,24 +146,14 @@ def watch(parent, bound, who, why, commands):
             return
         *lines, pending = (pending + chunk).split(b"\n")
         for line in (raw.decode() for raw in lines):
-            if line.startswith("wait ") and since is None:
-                since, what = time.monotonic(), line[5:]
-            elif line == "pause" and since is not None:
-                spent, since = spent + time.monotonic() - since, None
-            elif line == "end":
-                return
-
-
-def _end_rank(parent, bound, who, why, what):
-    os.write(2, (f"[hpctrain] {who}: waited {bound:g} s for the other ranks in start-up "
-                 f"({what}): one of them has died or is stuck before it. Ending this rank, "
-                 f"whose job cannot start. If the start is only slow, set {VARIABLE} to more "
-                 f"seconds (now {why}).\n").encode())
-    os.kill(parent, signal.SIGKILL)
+            if line == "pause":
+                deadline = None
+            else:
+                at, _, what = line.partition(" ")
+                deadline = float(at)
 
 
 if __name__ == "__main__":
-    # Only the waits' own signals end it: a Ctrl-C meant for the job reaches the whole
-    # process group, and the rank decides.
+    # A Ctrl-C meant for the job reaches the whole process group: the rank decides.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     watch(int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], sys.argv[4], sys.stdin.fileno())

@@ -61,12 +61,15 @@ def run(func):
 
 
 def _attempts(state, func, args, kwargs):
-    sync, resets = True, 0
+    sync, resets, up = True, 0, False
     while True:
         commits = state.commits
         try:
-            if sync:
-                _sync(state)
+            if sync and not up:
+                _first_sync(state)
+                up = True
+            elif sync:
+                state.sync()
             return func(state, *args, **kwargs)
         except ProcessFailure:
             state.restore()
@@ -89,9 +92,10 @@ def _attempts(state, func, args, kwargs):
         state.on_reset()
 
 
-def _sync(state):
-    """Sync the state from rank 0. The first sync ends the start-up: its wait counts against
-    the start-up bound (:mod:`hpctrain.startup`), and after it the start is up."""
+def _first_sync(state):
+    """Sync the state from rank 0 for the first time, which ends the start-up: its wait
+    counts against the start-up bound (:mod:`hpctrain.startup`), and after it the start is
+    up (:func:`hpctrain.elastic.log_up`)."""
     with startup.waiting("in the first sync of the state, in hvd.elastic.run"):
         state.sync()
     startup.end()
