@@ -40,6 +40,11 @@ def init(comm=None, process_sets=None, allreduce=None):
     exception that no code catches, on any rank, prints that rank's traceback and ends every
     rank (``MPI_Abort``), where Horovod would leave the others waiting in their next
     collective. ``HPCTRAIN_ABORT_ON_ERROR=0`` leaves ``sys.excepthook`` as it was.
+
+    Starting MPI is bounded (:mod:`hpctrain.startup`): a rank that waits longer than
+    ``HPCTRAIN_START_TIMEOUT_S`` for the others (one may have died before ``MPI_Init``,
+    which nothing detects) ends, saying so. In an elastic job the bound goes on until the
+    first sync of ``hvd.elastic.run``, after which the start is up.
     """
     sets = _set_list(process_sets)
     if is_initialized():
