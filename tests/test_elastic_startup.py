@@ -90,6 +90,61 @@ def test_ranks_that_wait_too_long_in_start_up_end_saying_so(ft_python):
     print(f"job ended {time.monotonic() - began:.1f} s after its launch")
 
 
+@pytest.mark.alone
+def test_a_start_whose_rank_dies_at_once_is_ended_though_it_never_comes_up(ft_python,
+                                                                             tmp_path):
+    # Rank 1 is gone within milliseconds of its start, likely before the launcher's first
+    # look; the others would sleep 10 minutes and never say they are up.
+    command = ["sh", "-c", 'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then kill -9 $$; fi; sleep 600']
+    argv = [ft_python, "-m", "hpctrain.launch", "--elastic", "--ft", "-np", 4,
+            "--max-restarts", 0, "--state-dir", tmp_path / "state", *command]
+    env = {**launch_environment(), "PATH": f"{ft_python.parent}{os.pathsep}{os.environ['PATH']}"}
+    began = time.monotonic()
+    run = run_bounded([str(a) for a in argv], timeout=TIMEOUT, env=env)
+    took = time.monotonic() - began
+    out = run.output
+    assert run.returncode == 1, out
+    assert re.search(r"start 1: rank 1 \((pid \d+|gone before it was seen)\) ended before the "
+                     r"start was up", out), out
+    assert "giving up: start 1 ended" in out, out
+    print(f"launch to the launcher's exit: {took:.1f} s")
+    assert took < 60, out
+
+
+class FakeLaunch:
+    """A stand-in for mpirun: a process whose children carry ``OMPI_COMM_WORLD_RANK`` (the
+    ranks ``ranks``) and sleep, and one more child without it."""
+
+    def __init__(self, ranks):
+        self.children = [subprocess.Popen(["sleep", "60"], env={**os.environ, **extra})
+                         for extra in [{"OMPI_COMM_WORLD_RANK": str(r)} for r in ranks] + [{}]]
+
+    def end(self):
+        for child in self.children:
+            child.kill()
+            child.wait()
+
+
+def test_the_launcher_tells_a_lost_rank_from_one_never_seen(monkeypatch):
+    from hpctrain.launch import elastic as launcher
+
+    monkeypatch.setattr(launcher, "UNSEEN_S", 0.5)
+    fake = FakeLaunch([0, 2, 3])        # rank 1 of 4 never appears
+    try:
+        ranks = launcher.LaunchRanks(os.getpid(), env=dict(os.environ), local=4)
+        assert ranks.lost() == []
+        assert sorted(rank for rank, _ in ranks.ranks.values()) == [0, 2, 3]
+        fake.children[1].kill()         # rank 2
+        fake.children[1].wait()
+        assert ranks.lost() == [(2, fake.children[1].pid)]
+        time.sleep(0.6)
+        assert ranks.lost() == [(2, fake.children[1].pid), (1, None)]
+        # Without local ranks (hosts given) a rank never seen may be on another machine.
+        assert launcher.LaunchRanks(os.getpid(), env=dict(os.environ)).lost() == []
+    finally:
+        fake.end()
+
+
 # --- the bound and the contract, without MPI ------------------------------------------------
 
 WAITS = textwrap.dedent("""

@@ -67,6 +67,9 @@ HOST_OPTIONS = ("-H", "--host", "-host", "--hostfile", "-hostfile", "--machinefi
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 #: Seconds between two looks at a start that is not up yet (its ranks, events.jsonl).
 START_POLL_S = 0.1
+#: Seconds after which a local rank not seen yet, while the others were, counts as lost:
+#: mpirun starts a machine's ranks together, within milliseconds.
+UNSEEN_S = 3.0
 #: Seconds a start that lost a rank before it was up has to end by itself or come up before
 #: the launcher ends it: Open MPI without ULFM ends such a job within about 1 s.
 START_GRACE_S = 3.0
@@ -366,14 +369,20 @@ class LaunchRanks:
     ``env``), without their own children. They are its ranks here, and on an emulated
     cluster of network namespaces every host's (one PID namespace); ranks on other machines
     are not seen, and there the ranks' own start-up bound ends the wait
-    (:mod:`hpctrain.startup`)."""
+    (:mod:`hpctrain.startup`).
 
-    def __init__(self, pid, env):
+    ``local``: the launch's ``local`` ranks all run here, started by mpirun at one moment
+    (``-np`` alone). A rank killed between two looks at its first moments is never seen;
+    one that has not been seen ``UNSEEN_S`` after the first rank was counts as lost too."""
+
+    def __init__(self, pid, env, local=None):
         self.names = [name for name in RANK_VARIABLES if name not in env]
         self.root, self.ranks = psutil.Process(pid), {}     # pid -> (rank, psutil.Process)
+        self.local, self.first_seen = local, None
 
     def lost(self):
-        """``[(rank, pid)]`` of the ranks seen at an earlier look that have ended since."""
+        """``[(rank, pid)]`` of the ranks seen at an earlier look that have ended since, and
+        ``(rank, None)`` of local ones never seen."""
         try:
             below = self.root.children(recursive=True)     # parents before their children
         except psutil.Error:
@@ -383,7 +392,12 @@ class LaunchRanks:
                 rank = self._rank(proc)
                 if rank is not None:
                     self.ranks[proc.pid] = (rank, proc)
-        return [(rank, pid) for pid, (rank, proc) in self.ranks.items() if not _running(proc)]
+                    self.first_seen = self.first_seen or time.monotonic()
+        gone = [(rank, pid) for pid, (rank, proc) in self.ranks.items() if not _running(proc)]
+        if self.local and self.first_seen and time.monotonic() - self.first_seen > UNSEEN_S:
+            seen = {rank for rank, _ in self.ranks.values()}
+            gone += [(rank, None) for rank in range(self.local) if rank not in seen]
+        return gone
 
     def _rank(self, proc):
         try:
@@ -466,7 +480,7 @@ class ElasticJob:
         env, self.cut_short = self.environment(), None
         proc = subprocess.Popen(argv, env=env, start_new_session=True,
                                 preexec_fn=_end_with_launcher)
-        rc = self.watch(proc, np, LaunchRanks(proc.pid, env))
+        rc = self.watch(proc, np, LaunchRanks(proc.pid, env, np if self.local else None))
         seconds = time.monotonic() - began
         contract.log_event(self.folder, "exit", start=self.starts, rc=rc,
                            seconds=round(seconds, 3))
@@ -551,7 +565,8 @@ class ElasticJob:
                 pass
             if contract.is_up(self.folder, self.starts, self.launched_at):
                 return True
-        ranks = ", ".join(f"rank {rank} (pid {pid})" for rank, pid in lost)
+        ranks = ", ".join(f"rank {rank} (pid {pid})" if pid else
+                          f"rank {rank} (gone before it was seen)" for rank, pid in lost)
         self.cut_short = "a rank lost while the start was not up: ended by the launcher"
         say(f"start {self.starts}: {ranks} ended before the start was up, and the other ranks "
             f"would wait for it for ever: ending the start")
