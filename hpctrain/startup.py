@@ -58,6 +58,8 @@ class _Bound:
         self.left, self.watcher = bound, watcher
 
     def tell(self, line):
+        if self.watcher is None:
+            return
         try:
             self.watcher.stdin.write(f"{line}\n".encode())
             self.watcher.stdin.flush()
@@ -85,8 +87,11 @@ def begin(given, rank, size):
     why = f"{VARIABLE}={given:g}" if given is not None else \
         f"the default at np {size}: {BASE_S:g} s + {PER_RANK_S:g} s per rank"
     who = f"rank {rank} of {size} on {socket.gethostname()} (pid {os.getpid()})"
-    watcher = subprocess.Popen([sys.executable, "-I", "-S", __file__, str(os.getpid()),
-                                f"{bound:g}", who, why], stdin=subprocess.PIPE)
+    try:
+        watcher = subprocess.Popen([sys.executable, "-I", "-S", __file__, str(os.getpid()),
+                                    f"{bound:g}", who, why], stdin=subprocess.PIPE)
+    except OSError:
+        watcher = None      # no line to say why; the timer still ends the rank
     _bound = _Bound(bound, watcher)
 
 
@@ -99,7 +104,8 @@ def waiting(what):
         return
     began = time.monotonic()
     _bound.tell(f"{began + _bound.left!r} {what}")
-    faulthandler.dump_traceback_later(_bound.left + SAY_FIRST_S, exit=True)
+    # To the file descriptor: a script may have replaced sys.stderr by an object without one.
+    faulthandler.dump_traceback_later(_bound.left + SAY_FIRST_S, exit=True, file=2)
     try:
         yield
     finally:
@@ -114,9 +120,10 @@ def end():
     global _bound
     if _bound is None:
         return
-    with contextlib.suppress(OSError):
-        _bound.watcher.stdin.close()
-    _bound.watcher.wait()
+    if _bound.watcher is not None:
+        with contextlib.suppress(OSError):
+            _bound.watcher.stdin.close()
+        _bound.watcher.wait()
     _bound = None
 
 
