@@ -19,6 +19,12 @@ waits for it. What the ranks exit with decides what comes next (:mod:`hpctrain.e
   commit, at most --max-restarts times; exit 1 when they are used, 76 when fewer than
   --min-np slots are left.
 
+Until a start is up (rank 0 logs ``up`` after the first sync: :func:`hpctrain.elastic.is_up`)
+nothing in MPI detects a lost rank: ``MPI_Init`` waits for it for ever, and under ULFM mpirun
+does not end the job. So the launcher watches the start's ranks that it can see
+(:class:`LaunchRanks`) and ends a start that lost one (after ``START_GRACE_S``, in which it
+may end by itself or come up): a failed start like any other, restarted as above.
+
 Hosts come from the discovery script (Horovod's: one ``HOST[:SLOTS]`` per line, run again
 every --discovery-interval seconds while the job runs, so that hosts added are used), else
 -H or --hostfile (``HOST slots=N`` or ``HOST:N`` per line), else this machine with -np
