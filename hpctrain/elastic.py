@@ -18,8 +18,8 @@ The state folder (``HPCTRAIN_ELASTIC_DIR``) holds
   when the hosts change; a rank's ``commit`` that sees a newer version than the one its job
   started with raises ``HostsUpdatedInterrupt`` on every rank;
 - ``events.jsonl``: one JSON object per line, appended by the launcher and by rank 0 (what
-  happened when: a launch, an exit, a shrink, a restored commit), from which the cost of a
-  failure is measured.
+  happened when: a launch, the start up, a rank lost before it, an exit, a shrink, a
+  restored commit), from which the cost of a failure is measured.
 
 **A start is up** once every rank has started MPI, set up its world and synced the state
 (the end of the first sync of ``hvd.elastic.run``; the first broadcast of ``hpctrain train
