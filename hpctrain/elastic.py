@@ -18,8 +18,17 @@ The state folder (``HPCTRAIN_ELASTIC_DIR``) holds
   when the hosts change; a rank's ``commit`` that sees a newer version than the one its job
   started with raises ``HostsUpdatedInterrupt`` on every rank;
 - ``events.jsonl``: one JSON object per line, appended by the launcher and by rank 0 (what
-  happened when: a launch, an exit, a shrink, a restored commit), from which the cost of a
-  failure is measured.
+  happened when: a launch, the start up, a rank lost before it, an exit, a shrink, a
+  restored commit), from which the cost of a failure is measured.
+
+**A start is up** once every rank has started MPI, set up its world and synced the state
+(the end of the first sync of ``hvd.elastic.run``; the first broadcast of ``hpctrain train
+--elastic``): rank 0 then logs ``up`` (:func:`log_up`). Until then the job has no failure
+detection of its own (``MPI_Init`` waits for a dead rank for ever, even under ULFM), so the
+launcher watches the start's processes and ends the start when one is lost
+(:func:`is_up` tells it when to stop), and each rank bounds its own wait
+(:mod:`hpctrain.startup`). From then on a lost rank is the ranks' to survive in place (ULFM)
+or mpirun's to end the job (any other MPI).
 """
 
 import json
@@ -43,6 +52,9 @@ ENV_MAX_NP = "HPCTRAIN_ELASTIC_MAX_NP"
 ENV_RESTART = "HPCTRAIN_ELASTIC_RESTART"
 #: The version of ``hosts.json`` this start was made with.
 ENV_HOSTS_VERSION = "HPCTRAIN_ELASTIC_HOSTS_VERSION"
+
+#: The event rank 0 logs when the start is up (:func:`log_up`).
+EVENT_UP = "up"
 
 STATE_FILE = "state.pt"
 HOSTS_FILE = "hosts.json"
@@ -114,6 +126,30 @@ def log_event(folder, event, **fields):
     record = {"event": event, "time": time.time(), **fields}
     with open(Path(folder) / EVENTS_FILE, "a") as out:
         out.write(json.dumps(record) + "\n")
+
+
+def this_start(environ=None):
+    """The launcher's number of this start (1 the first time; ``HPCTRAIN_ELASTIC_RESTART``
+    counts the starts before it)."""
+    return int_setting(ENV_RESTART, 0, environ, least=0) + 1
+
+
+def log_up(rank, **fields):
+    """The start is up: every rank has started and synced (call it on every rank, once,
+    after the first sync). Rank ``rank`` 0 logs it."""
+    if rank == 0:
+        log_event(state_dir(), EVENT_UP, start=this_start(), **fields)
+
+
+def is_up(folder, start, since):
+    """Whether the start numbered ``start``, launched at ``since`` (unix seconds; a state
+    folder resumed by another launcher holds starts of the same numbers), is up."""
+    try:
+        events = read_events(folder)
+    except ValueError:
+        return False        # a line half written as we read: the next look sees it whole
+    return any(e["event"] == EVENT_UP and e.get("start") == start and e["time"] >= since
+               for e in events)
 
 
 def read_events(folder):

@@ -36,9 +36,10 @@ The points, by subcommand:
   pushes a gradient to the server);
 - ``hpctrain data``: ``data.write`` (after the first chunk of a synthetic data set is
   written);
-- ``hpctrain.torch`` (any script): ``torch.step`` (a ``DistributedOptimizer``'s ``step``,
-  before it synchronizes; ``RANK`` is the rank the launcher gave the process, which an
-  elastic job's shrinking does not change);
+- ``hpctrain.torch`` (any script): ``torch.init`` (``hvd.init``, before MPI starts: a rank
+  lost there leaves the others waiting in ``MPI_Init``), ``torch.step`` (a
+  ``DistributedOptimizer``'s ``step``, before it synchronizes); ``RANK`` is the rank the
+  launcher gave the process, which an elastic job's shrinking does not change;
 - ``hpctrain info``: ``info.gather`` (before the gather of the rank map), ``info.done``
   (after the table is printed);
 - ``hpctrain bench allreduce``: ``bench.start`` (a rank's run begins, before any

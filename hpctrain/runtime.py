@@ -30,13 +30,26 @@ from .errors import UsageError, Verdict
 RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
 
 
+#: Where launchers publish the number of ranks, in the same order.
+SIZE_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE", "SLURM_NTASKS")
+
+
 def launcher_rank():
     """This process's rank as the launcher announced it, before MPI is initialised (0 alone)."""
-    for name in RANK_VARIABLES:
+    return _announced(RANK_VARIABLES, 0)
+
+
+def launcher_size():
+    """The number of ranks as the launcher announced it, before MPI is initialised (1 alone)."""
+    return _announced(SIZE_VARIABLES, 1)
+
+
+def _announced(names, alone):
+    for name in names:
         value = os.environ.get(name)
         if value is not None and value.isdigit():
             return int(value)
-    return 0
+    return alone
 
 
 def mpi_initialized():

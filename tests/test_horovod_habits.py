@@ -46,6 +46,12 @@ def test_hpctrains_own_variable_wins_over_its_horovod_twin():
     assert settings.read({"HOROVOD_STALL_CHECK_DISABLE": "1"}).stall_check_s == 0
 
 
+def test_the_start_up_bound_is_read_in_seconds_and_scaled_to_the_ranks_when_unset():
+    assert settings.read({"HPCTRAIN_START_TIMEOUT_S": "45"}).start_timeout_s == 45.0
+    assert settings.read({"HPCTRAIN_START_TIMEOUT_S": "0"}).start_timeout_s == 0.0
+    assert settings.read({}).start_timeout_s is None       # hpctrain.startup.timeout's
+
+
 def test_defaults_are_horovods():
     got = settings.read({})
     assert (got.cycle_s, got.stall_check_s, got.stall_shutdown_s, got.cache_capacity) == \
@@ -73,6 +79,7 @@ def test_every_variable_has_a_kind_and_a_reason():
     ("HOROVOD_FUSION_THRESHOLD", "-1", "HOROVOD_FUSION_THRESHOLD=67108864"),
     ("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "nan", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=120"),
     ("HOROVOD_TIMELINE_MARK_CYCLES", "maybe", "HOROVOD_TIMELINE_MARK_CYCLES=1"),
+    ("HPCTRAIN_START_TIMEOUT_S", "-5", "HPCTRAIN_START_TIMEOUT_S=300"),
 ])
 def test_a_value_that_does_not_parse_names_the_variable_and_an_example(name, value, example):
     with pytest.raises(UsageError) as error:
@@ -129,10 +136,15 @@ def test_a_stall_past_the_shutdown_time_fails_every_rank_instead_of_waiting():
 
 
 @pytest.mark.alone
-def test_a_bad_horovod_value_stops_every_rank_with_status_2_before_mpi():
-    run = run_mode(2, "uninit", {"HOROVOD_FUSION_THRESHOLD": "64MB"})
+@pytest.mark.parametrize("name, value, said", [
+    ("HOROVOD_FUSION_THRESHOLD", "64MB", "HOROVOD_FUSION_THRESHOLD='64MB' is not a whole number"),
+    pytest.param("HPCTRAIN_START_TIMEOUT_S", "soon", "HPCTRAIN_START_TIMEOUT_S='soon' is not a "
+                 "number >= 0: e.g. HPCTRAIN_START_TIMEOUT_S=300"),
+], ids=["horovod", "start-timeout"])
+def test_a_bad_horovod_value_stops_every_rank_with_status_2_before_mpi(name, value, said):
+    run = run_mode(2, "uninit", {name: value})
     assert run.returncode == 2, run.output[-3000:]
-    assert run.output.count("HOROVOD_FUSION_THRESHOLD='64MB' is not a whole number") == 2
+    assert run.output.count(said) == 2, run.output[-3000:]
     assert "Traceback" not in run.output and "ok " not in run.output
 
 

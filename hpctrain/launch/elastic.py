@@ -19,6 +19,12 @@ waits for it. What the ranks exit with decides what comes next (:mod:`hpctrain.e
   commit, at most --max-restarts times; exit 1 when they are used, 76 when fewer than
   --min-np slots are left.
 
+Until a start is up (rank 0 logs ``up`` after the first sync: :func:`hpctrain.elastic.is_up`)
+nothing in MPI detects a lost rank: ``MPI_Init`` waits for it for ever, and under ULFM mpirun
+does not end the job. So the launcher watches the start's ranks that it can see
+(:class:`LaunchRanks`) and ends a start that lost one (after ``START_GRACE_S``, in which it
+may end by itself or come up): a failed start like any other, restarted as above.
+
 Hosts come from the discovery script (Horovod's: one ``HOST[:SLOTS]`` per line, run again
 every --discovery-interval seconds while the job runs, so that hosts added are used), else
 -H or --hostfile (``HOST slots=N`` or ``HOST:N`` per line), else this machine with -np
@@ -50,9 +56,12 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
+
 from .. import elastic as contract
 from .. import mpi_support
 from ..errors import UsageError
+from ..runtime import RANK_VARIABLES
 from . import find_mpirun, kill_launch, launch_environment, mpirun_command, split_options
 from .hosts import DiscoveryError, discover, fit, given_hosts, host_list, ranks_for, total_slots
 
@@ -62,6 +71,14 @@ SAY = "[hpctrain.launch]"
 HOST_OPTIONS = ("-H", "--host", "-host", "--hostfile", "-hostfile", "--machinefile",
                 "-machinefile", "-np", "-n", "--np", "-c")
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: Seconds between two looks at a start that is not up yet (its ranks, events.jsonl).
+START_POLL_S = 0.1
+#: Seconds after which a local rank not seen yet, while the others were, counts as lost:
+#: mpirun starts a machine's ranks together, within milliseconds.
+UNSEEN_S = 3.0
+#: Seconds a start that lost a rank before it was up has to end by itself or come up before
+#: the launcher ends it: Open MPI without ULFM ends such a job within about 1 s.
+START_GRACE_S = 3.0
 
 
 @dataclasses.dataclass
@@ -352,6 +369,60 @@ def _signal_name(number):
 
 # --- the job ------------------------------------------------------------------------------
 
+class LaunchRanks:
+    """The ranks of a launch that this machine sees: the processes below its mpirun to which
+    MPI gave a rank (a launcher's rank variable in their environment; not in mpirun's own,
+    ``env``), without their own children. They are its ranks here, and on an emulated
+    cluster of network namespaces every host's (one PID namespace); ranks on other machines
+    are not seen, and there the ranks' own start-up bound ends the wait
+    (:mod:`hpctrain.startup`).
+
+    ``local``: the launch's ``local`` ranks all run here, started by mpirun at one moment
+    (``-np`` alone). A rank killed between two looks at its first moments is never seen;
+    one that has not been seen ``UNSEEN_S`` after the first rank was counts as lost too."""
+
+    def __init__(self, pid, env, local=None):
+        self.names = [name for name in RANK_VARIABLES if name not in env]
+        self.root, self.ranks = psutil.Process(pid), {}     # pid -> (rank, psutil.Process)
+        self.local, self.first_seen = local, None
+
+    def lost(self):
+        """``[(rank, pid)]`` of the ranks seen at an earlier look that have ended since, and
+        ``(rank, None)`` of local ones never seen."""
+        try:
+            below = self.root.children(recursive=True)     # parents before their children
+        except psutil.Error:
+            below = []
+        for proc in below:
+            if proc.pid not in self.ranks:
+                rank = self._rank(proc)
+                if rank is not None:
+                    self.ranks[proc.pid] = (rank, proc)
+                    self.first_seen = self.first_seen or time.monotonic()
+        gone = [(rank, pid) for pid, (rank, proc) in self.ranks.items() if not _running(proc)]
+        if self.local and self.first_seen and time.monotonic() - self.first_seen > UNSEEN_S:
+            seen = {rank for rank, _ in self.ranks.values()}
+            gone += [(rank, None) for rank in range(self.local) if rank not in seen]
+        return gone
+
+    def _rank(self, proc):
+        try:
+            if proc.ppid() in self.ranks:
+                return None     # a rank's own child (a data loader's worker, its watcher)
+            environ = proc.environ()
+        except psutil.Error:
+            return None
+        found = [environ[name] for name in self.names if environ.get(name, "").isdigit()]
+        return int(found[0]) if found else None
+
+
+def _running(proc):
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 class ElasticJob:
     """The starts of one elastic job, one after the other. Each runs ``mpirun`` on the hosts
     of the moment; what it exits with (:mod:`hpctrain.elastic`) decides the next."""
@@ -369,6 +440,7 @@ class ElasticJob:
         self.local = options.discovery is None and options.host_list is None \
             and options.hostfile is None
         self.discovery_failing = False   # warned of, and no good answer since
+        self.cut_short = None            # why the launcher ended the last start, if it did
 
     def run(self):
         """Start the job until it finishes or cannot go on; the launcher's exit status."""
@@ -411,13 +483,15 @@ class ElasticJob:
                            hosts=[list(h) for h in hosts], restart=self.restarts,
                            hosts_version=version, argv=argv)
         self.launched_at, began = time.time(), time.monotonic()
-        proc = subprocess.Popen(argv, env=self.environment(), start_new_session=True,
+        env, self.cut_short = self.environment(), None
+        proc = subprocess.Popen(argv, env=env, start_new_session=True,
                                 preexec_fn=_end_with_launcher)
-        rc = self.watch(proc, np)
+        rc = self.watch(proc, np, LaunchRanks(proc.pid, env, np if self.local else None))
         seconds = time.monotonic() - began
         contract.log_event(self.folder, "exit", start=self.starts, rc=rc,
                            seconds=round(seconds, 3))
-        say(f"end {self.starts}: exit {rc} after {seconds:.1f} s ({meaning(rc)})")
+        say(f"end {self.starts}: exit {rc} after {seconds:.1f} s "
+            f"({self.cut_short or meaning(rc)})")
         return rc, version
 
     def settings(self):
@@ -439,21 +513,73 @@ class ElasticJob:
             env.pop(name, None)
         return {**env, **self.settings()}
 
-    def watch(self, proc, np):
+    def watch(self, proc, np, ranks):
         """Wait for ``proc`` (mpirun), asking for more hosts every --discovery-interval;
-        its exit status. Whatever ends the wait (a signal) ends mpirun and its ranks too."""
+        its exit status. Until the start is up, ``ranks`` (its :class:`LaunchRanks`) are
+        watched too, and one that is lost ends the start (:meth:`cut`). Whatever ends the
+        wait (a signal) ends mpirun and its ranks too."""
         try:
+            if not self.until_up(proc, np, ranks):
+                return proc.wait()
             if self.options.discovery is None:
                 return proc.wait()
-            interval = self.options.interval or 5.0
             while True:     # ends with mpirun
                 try:
-                    return proc.wait(timeout=interval)
+                    return proc.wait(timeout=self.interval)
                 except subprocess.TimeoutExpired:
                     self.look_for_more_hosts(np)
         finally:
             if proc.poll() is None:
                 kill_launch(proc)
+
+    @property
+    def interval(self):
+        """Seconds between two looks for more hosts."""
+        return self.options.interval or 5.0
+
+    def until_up(self, proc, np, ranks):
+        """Wait until this start is up (``True``), or has ended (``False``): by itself, or
+        cut short because one of its ranks was lost before it was up (:meth:`cut`), for
+        then its other ranks may wait for it for ever (``MPI_Init`` has no failure
+        detection, under ULFM too)."""
+        looked = time.monotonic()
+        while not contract.is_up(self.folder, self.starts, self.launched_at):
+            try:
+                proc.wait(timeout=START_POLL_S)
+                return False
+            except subprocess.TimeoutExpired:
+                pass
+            lost = ranks.lost()
+            if lost:
+                return self.cut(proc, lost)
+            if self.options.discovery is not None and time.monotonic() - looked > self.interval:
+                self.look_for_more_hosts(np)
+                looked = time.monotonic()
+        return True
+
+    def cut(self, proc, lost):
+        """A start lost ranks ``lost`` (``[(rank, pid)]``) before it was up: give it
+        ``START_GRACE_S`` to end by itself (Open MPI without ULFM ends a job whose rank
+        died, as it does one whose ranks all exit, on bad input) or to come up (survivors
+        of a death after ``MPI_Init`` shrink in place), then end it. Whether it came up."""
+        deadline = time.monotonic() + START_GRACE_S
+        while time.monotonic() < deadline:
+            try:
+                proc.wait(timeout=START_POLL_S)
+                return False
+            except subprocess.TimeoutExpired:
+                pass
+            if contract.is_up(self.folder, self.starts, self.launched_at):
+                return True
+        ranks = ", ".join(f"rank {rank} (pid {pid})" if pid else
+                          f"rank {rank} (gone before it was seen)" for rank, pid in lost)
+        self.cut_short = "a rank lost while the start was not up: ended by the launcher"
+        say(f"start {self.starts}: {ranks} ended before the start was up, and the other ranks "
+            f"would wait for it for ever: ending the start")
+        contract.log_event(self.folder, "lost_in_start", start=self.starts,
+                           ranks=[rank for rank, _ in lost])
+        kill_launch(proc)
+        return False
 
     def look_for_more_hosts(self, np):
         """Run the discovery script; when its hosts hold more ranks than at the last look,

@@ -13,12 +13,12 @@ from .ops.control import register_process_sets, start_timeline
 from .process_sets import ProcessSet
 from .settings import ignored_message
 from .settings import read as read_settings
-from .. import mpi_support
+from .. import elastic, faults, mpi_support, startup
 from ..collectives import auto
 from ..errors import ArgumentError
 from ..log import check as check_logging
 from ..log import logger
-from ..runtime import guard
+from ..runtime import guard, launcher_rank, launcher_size
 
 LOG = logger()
 
@@ -40,6 +40,11 @@ def init(comm=None, process_sets=None, allreduce=None):
     exception that no code catches, on any rank, prints that rank's traceback and ends every
     rank (``MPI_Abort``), where Horovod would leave the others waiting in their next
     collective. ``HPCTRAIN_ABORT_ON_ERROR=0`` leaves ``sys.excepthook`` as it was.
+
+    Starting MPI is bounded (:mod:`hpctrain.startup`): a rank that waits longer than
+    ``HPCTRAIN_START_TIMEOUT_S`` for the others (one may have died before ``MPI_Init``,
+    which nothing detects) ends, saying so. In an elastic job the bound goes on until the
+    first sync of ``hvd.elastic.run``, after which the start is up.
     """
     sets = _set_list(process_sets)
     if is_initialized():
@@ -49,15 +54,13 @@ def init(comm=None, process_sets=None, allreduce=None):
     check_logging()                 # a bad value stops every rank alike, before MPI starts
     settings = read_settings()
     algo = choose_algorithm(allreduce, settings.hierarchical)
-    MPI, thread_warning = mpi_support.start()
-    comm = _communicator(MPI, comm)
-    if algo == "auto":
-        if not auto.in_use():
-            # Collective: rank 0 reads the file, and a missing one is the same error on every
-            # rank, before any operation could leave a rank waiting.
-            auto.use(auto.load(auto.profile_path(), comm))
-    world = World(comm, algo, NATIVE, joined_allreduce, settings)
-    adopt(world)
+    faults.inject("torch.init", launcher_rank())
+    startup.begin(settings.start_timeout_s, launcher_rank(), launcher_size())
+    with startup.waiting("in hvd.init: MPI_Init and the world's set-up"):
+        world, thread_warning = _start_world(comm, algo, settings)
+    if elastic.state_dir() is None:
+        # Outside an elastic job no first sync of hvd.elastic.run ends the start-up.
+        startup.end()
     if algo == "horovod":
         world.backend = HorovodBackend(world)
         return                      # Horovod reads its own variables
@@ -69,6 +72,21 @@ def init(comm=None, process_sets=None, allreduce=None):
         start_timeline(settings.timeline, settings.mark_cycles)
     if sets:
         register_process_sets(world, sets)
+
+
+def _start_world(comm, algo, settings):
+    """MPI started (if it was not), the world over ``comm`` made and adopted: ``(world,
+    what MPI's threading lacks or None)``. Collective over ``comm``."""
+    MPI, thread_warning = mpi_support.start()
+    comm = _communicator(MPI, comm)
+    if algo == "auto":
+        if not auto.in_use():
+            # Collective: rank 0 reads the file, and a missing one is the same error on every
+            # rank, before any operation could leave a rank waiting.
+            auto.use(auto.load(auto.profile_path(), comm))
+    world = World(comm, algo, NATIVE, joined_allreduce, settings)
+    adopt(world)
+    return world, thread_warning
 
 
 def _set_list(process_sets):

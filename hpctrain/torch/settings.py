@@ -24,6 +24,7 @@ applies.
 import os
 from dataclasses import dataclass
 
+from .. import startup
 from ..errors import UsageError
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class Settings:
     stall_check_s: float = 60.0         # rank 0 names the missing ranks after this (0: off)
     stall_shutdown_s: float = 0.0       # every rank shuts down after this stall (0: never)
     deadlock_s: float = 2.0             # all blocked on names others never ask: all fail
+    start_timeout_s: object = None      # waits in start-up, in all (None: scaled to np; 0: off)
     cache_capacity: int = 1024          # operations the response cache numbers (0: none)
     fusion_bytes: object = None         # DistributedOptimizer's default bucket (None: ours)
     timeline: object = None             # a path: rank 0 records a timeline from init
@@ -140,6 +142,7 @@ VALUES = (
      _seconds("60")),
     ("stall_shutdown_s", None, "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", _seconds("120")),
     ("deadlock_s", "HPCTRAIN_DEADLOCK_S", None, _seconds("2")),
+    ("start_timeout_s", startup.VARIABLE, None, _seconds("300")),
     ("cache_capacity", None, "HOROVOD_CACHE_CAPACITY", _count("1024")),
     ("fusion_bytes", None, "HOROVOD_FUSION_THRESHOLD", _count(str(64 * 2**20))),
     ("timeline", None, "HOROVOD_TIMELINE", lambda name, value: value),

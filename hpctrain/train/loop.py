@@ -288,6 +288,8 @@ class Run:
         self.watchdog.arrive("start-up broadcast")
         self.regime.broadcast_initial()
         checksum = replicas.check_identical(self.model, self.comm, "after the initial broadcast")
+        if config.elastic:
+            job.log_up(self.rank, np=self.size)    # every rank has started and has the state
         # A resumed run drops the rows written after its checkpoint: they are trained again.
         metrics = report.MetricsFile(config.run_path / "metrics.csv", append=saved is not None,
                                      enabled=self.rank == 0,

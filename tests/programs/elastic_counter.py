@@ -17,8 +17,8 @@ the committed step; fewer ranks than HPCTRAIN_ELASTIC_MIN_NP exit 76.
   and the commit of that step waits (at most 60 s) until the launcher publishes new hosts.
 
 Rank 0 prints ``rank 0 of N: start R at step K`` first and ``finished: step N, samples S``
-last, and logs ``rank_start`` (with every rank's pid, and when its process began) and
-``fault`` events to events.jsonl.
+last, and logs ``rank_start`` (with every rank's pid, and when its process began), ``up``
+(the start is up: every rank has the state) and ``fault`` events to events.jsonl.
 """
 
 import argparse
@@ -88,6 +88,7 @@ def main():
         print(f"rank 0 of {comm.size}: start {start} at step {state['step']}", flush=True)
         elastic.log_event(folder, "rank_start", start=start, np=comm.size, step=state["step"],
                           pids=pids, process_began=began)
+    elastic.log_up(comm.rank, np=comm.size)     # every rank has started and has the state
     faults = [f.split(",", 3) for f in args.fault]
     grow = args.grow.split(",", 2) if args.grow else None
     for step in range(state["step"], args.steps):

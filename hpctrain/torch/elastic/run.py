@@ -24,6 +24,7 @@ import functools
 import sys
 
 from ... import elastic as job
+from ... import startup
 from ..backends import NATIVE
 from ..basics import abandon, is_initialized, shutdown, world
 from ..engine import HorovodInternalError, ProcessFailure, process_failure
@@ -60,11 +61,14 @@ def run(func):
 
 
 def _attempts(state, func, args, kwargs):
-    sync, resets = True, 0
+    sync, resets, up = True, 0, False
     while True:
         commits = state.commits
         try:
-            if sync:
+            if sync and not up:
+                _first_sync(state)
+                up = True
+            elif sync:
                 state.sync()
             return func(state, *args, **kwargs)
         except ProcessFailure:
@@ -86,6 +90,16 @@ def _attempts(state, func, args, kwargs):
                 f"hvd.elastic.run: {resets} resets in a row without a commit between them: "
                 f"the failure comes back at once; giving up")
         state.on_reset()
+
+
+def _first_sync(state):
+    """Sync the state from rank 0 for the first time, which ends the start-up: its wait
+    counts against the start-up bound (:mod:`hpctrain.startup`), and after it the start is
+    up (:func:`hpctrain.elastic.log_up`)."""
+    with startup.waiting("in the first sync of the state, in hvd.elastic.run"):
+        state.sync()
+    startup.end()
+    job.log_up(world().rank, np=world().size)
 
 
 def _resume(state):
