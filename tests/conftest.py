@@ -262,6 +262,24 @@ def torch_algo(request):
     hvd.shutdown()
 
 
+@pytest.fixture(params=TORCH_ALGOS, scope="module")
+def dist_algo(request):
+    """``torch.distributed``'s default group on the ``hpctrain`` backend over each algorithm
+    of ``TORCH_ALGOS`` in turn (``HPCTRAIN_ALLREDUCE``, as a script sets it), one group per
+    algorithm and test module."""
+    import datetime
+
+    import torch.distributed as dist
+
+    import hpctrain.torch.distributed  # noqa: F401 - registers the backend
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HPCTRAIN_ALLREDUCE", request.param)
+        dist.init_process_group("hpctrain", timeout=datetime.timedelta(seconds=120))
+        yield request.param
+        dist.destroy_process_group()
+
+
 # --- a small data set and a short training run ---------------------------------------------------
 
 @dataclass(frozen=True)

@@ -12,8 +12,6 @@ summation (averages are taken of multiples of the number of ranks). Every check 
 (``all_ranks``), so that a rank failing alone never leaves the others waiting.
 """
 
-import datetime
-import os
 
 import pytest
 import torch
@@ -21,7 +19,7 @@ import torch.distributed as dist
 
 import hpctrain.torch.distributed  # noqa: F401 - registers the backend
 
-from conftest import TORCH_ALGOS, all_ranks, from_rank0, raised
+from conftest import all_ranks, from_rank0, raised
 
 pytestmark = pytest.mark.mpi
 
@@ -31,20 +29,6 @@ FLOATS = [d for d in DTYPES if d.is_floating_point]
 OPS = ["SUM", "AVG", "MIN", "MAX", "PRODUCT", "PREMUL_SUM", "BAND", "BOR", "BXOR"]
 #: Element counts: empty, one, a prime that divides by no number of ranks.
 COUNTS = [0, 1, 7]
-
-
-@pytest.fixture(scope="module", params=TORCH_ALGOS)
-def algo(request):
-    """The default group over ``HPCTRAIN_ALLREDUCE=<algorithm>``, as a script makes it."""
-    before = os.environ.get("HPCTRAIN_ALLREDUCE")
-    os.environ["HPCTRAIN_ALLREDUCE"] = request.param
-    dist.init_process_group("hpctrain", timeout=datetime.timedelta(seconds=120))
-    yield request.param
-    dist.destroy_process_group()
-    if before is None:
-        del os.environ["HPCTRAIN_ALLREDUCE"]
-    else:
-        os.environ["HPCTRAIN_ALLREDUCE"] = before
 
 
 def values(rank, count, dtype, scale=1):
@@ -102,7 +86,7 @@ def compare(failures, what, got, want):
         failures.append(f"{what}: got {got.tolist()}, want {want.tolist()}")
 
 
-def test_all_reduce_every_op_and_dtype(algo, comm):
+def test_all_reduce_every_op_and_dtype(dist_algo, comm):
     rank, size = dist.get_rank(), dist.get_world_size()
     failures = []
     for dtype in DTYPES:
@@ -115,11 +99,11 @@ def test_all_reduce_every_op_and_dtype(algo, comm):
                 dist.all_reduce(tensor, op=op_of(name))
                 want = folded(name, [values(r, count, dtype, scale) for r in range(size)],
                               dtype)
-                compare(failures, f"{algo} {name} {dtype} n={count}", tensor, want)
+                compare(failures, f"{dist_algo} {name} {dtype} n={count}", tensor, want)
     all_ranks(comm, not failures, failures)
 
 
-def test_all_reduce_non_contiguous_and_async(algo, comm):
+def test_all_reduce_non_contiguous_and_async(dist_algo, comm):
     rank, size = dist.get_rank(), dist.get_world_size()
     base = values(rank, 12, torch.float32).view(3, 4)
     column = base.t()                              # not contiguous
@@ -134,7 +118,7 @@ def test_all_reduce_non_contiguous_and_async(algo, comm):
     all_ranks(comm, work.is_completed() and future.done() and not failures, failures)
 
 
-def test_all_reduce_coalesced(algo, comm):
+def test_all_reduce_coalesced(dist_algo, comm):
     rank, size = dist.get_rank(), dist.get_world_size()
     tensors = [values(rank, n, dtype) for n, dtype in
                [(3, torch.float32), (5, torch.int64), (0, torch.float32), (2, torch.bfloat16)]]
@@ -149,7 +133,7 @@ def test_all_reduce_coalesced(algo, comm):
     all_ranks(comm, not failures, failures)
 
 
-def test_broadcast_and_reduce_every_root(algo, comm):
+def test_broadcast_and_reduce_every_root(dist_algo, comm):
     rank, size = dist.get_rank(), dist.get_world_size()
     failures = []
     for root in range(size):
@@ -166,7 +150,7 @@ def test_broadcast_and_reduce_every_root(algo, comm):
     all_ranks(comm, not failures, failures)
 
 
-def test_all_gather_forms(algo, comm):
+def test_all_gather_forms(dist_algo, comm):
     rank, size = dist.get_rank(), dist.get_world_size()
     failures = []
     for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.int8, torch.bool):
@@ -192,7 +176,7 @@ def test_all_gather_forms(algo, comm):
     all_ranks(comm, not failures, failures)
 
 
-def test_reduce_scatter_forms(algo, comm):
+def test_reduce_scatter_forms(dist_algo, comm):
     rank, size = dist.get_rank(), dist.get_world_size()
     failures = []
     for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.int32, torch.uint8):
@@ -214,7 +198,7 @@ def test_reduce_scatter_forms(algo, comm):
     all_ranks(comm, not failures, failures)
 
 
-def test_all_to_all_uneven(algo, comm):
+def test_all_to_all_uneven(dist_algo, comm):
     rank, size = dist.get_rank(), dist.get_world_size()
     # Rank i sends (i + j) % 3 rows of width 2 to rank j: some blocks are empty.
     rows = [[(i + j) % 3 for j in range(size)] for i in range(size)]
@@ -243,7 +227,7 @@ def test_all_to_all_uneven(algo, comm):
     all_ranks(comm, not failures, failures)
 
 
-def test_gather_scatter_every_root(algo, comm):
+def test_gather_scatter_every_root(dist_algo, comm):
     rank, size = dist.get_rank(), dist.get_world_size()
     failures = []
     for root in range(size):
@@ -263,7 +247,7 @@ def test_gather_scatter_every_root(algo, comm):
     all_ranks(comm, not failures, failures)
 
 
-def test_barrier_and_object_collectives(algo, comm):
+def test_barrier_and_object_collectives(dist_algo, comm):
     rank, size = dist.get_rank(), dist.get_world_size()
     dist.barrier()
     gathered = [None] * size
@@ -274,7 +258,7 @@ def test_barrier_and_object_collectives(algo, comm):
     all_ranks(comm, ok, [f"{gathered} {objects}"])
 
 
-def test_send_recv(algo, comm):
+def test_send_recv(dist_algo, comm):
     rank, size = dist.get_rank(), dist.get_world_size()
     failures = []
     if size > 1:
@@ -307,7 +291,7 @@ def test_send_recv(algo, comm):
     all_ranks(comm, not failures, failures)
 
 
-def test_new_group_and_device_mesh(algo, comm):
+def test_new_group_and_device_mesh(dist_algo, comm):
     from torch.distributed.device_mesh import init_device_mesh
 
     rank, size = dist.get_rank(), dist.get_world_size()
@@ -332,7 +316,7 @@ def test_new_group_and_device_mesh(algo, comm):
     all_ranks(comm, not failures, failures)
 
 
-def test_errors_raise_on_every_rank(algo, comm):
+def test_errors_raise_on_every_rank(dist_algo, comm):
     rank, size = dist.get_rank(), dist.get_world_size()
     errors = []
     if size > 1:
@@ -348,7 +332,7 @@ def test_errors_raise_on_every_rank(algo, comm):
     all_ranks(comm, ok and t.item() == size, [repr(e) for e in errors])
 
 
-def test_functional_collectives(algo, comm):
+def test_functional_collectives(dist_algo, comm):
     import torch.distributed._functional_collectives as functional
 
     rank, size = dist.get_rank(), dist.get_world_size()
@@ -366,7 +350,7 @@ def test_functional_collectives(algo, comm):
     all_ranks(comm, not failures, failures)
 
 
-def test_checkpoint_of_a_sharded_model(algo, comm, tmp_path):
+def test_checkpoint_of_a_sharded_model(dist_algo, comm, tmp_path):
     import torch.distributed.checkpoint as dcp
     from torch import nn
     from torch.distributed.fsdp import fully_shard

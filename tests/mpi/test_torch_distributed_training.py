@@ -8,8 +8,6 @@ float32, and in bfloat16 and float16 (parameters, gradients and the reductions i
 dtype) within a tolerance derived from the dtype's precision (see :func:`tolerance`).
 """
 
-import datetime
-import os
 
 import pytest
 import torch
@@ -18,26 +16,12 @@ from torch import nn
 
 import hpctrain.torch.distributed  # noqa: F401 - registers the backend
 
-from conftest import TORCH_ALGOS, all_ranks
+from conftest import all_ranks
 
 pytestmark = pytest.mark.mpi
 
 STEPS, ROWS, LR = 3, 4, 0.1
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-
-
-@pytest.fixture(scope="module", params=TORCH_ALGOS)
-def algo(request):
-    """The default group over ``HPCTRAIN_ALLREDUCE=<algorithm>``."""
-    before = os.environ.get("HPCTRAIN_ALLREDUCE")
-    os.environ["HPCTRAIN_ALLREDUCE"] = request.param
-    dist.init_process_group("hpctrain", timeout=datetime.timedelta(seconds=120))
-    yield request.param
-    dist.destroy_process_group()
-    if before is None:
-        del os.environ["HPCTRAIN_ALLREDUCE"]
-    else:
-        os.environ["HPCTRAIN_ALLREDUCE"] = before
 
 
 def model(dtype):
@@ -96,7 +80,7 @@ def check_against_one_process(net, dtype, comm, gather):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_ddp_equals_one_process(algo, comm, dtype):
+def test_ddp_equals_one_process(dist_algo, comm, dtype):
     from torch.nn.parallel import DistributedDataParallel
 
     # Tiny buckets: several per step, reduced while backward runs.
@@ -106,7 +90,7 @@ def test_ddp_equals_one_process(algo, comm, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_fsdp2_equals_one_process(algo, comm, dtype):
+def test_fsdp2_equals_one_process(dist_algo, comm, dtype):
     from torch.distributed.fsdp import fully_shard
 
     net = model(dtype)
@@ -117,7 +101,7 @@ def test_fsdp2_equals_one_process(algo, comm, dtype):
     check_against_one_process(net, dtype, comm, lambda p: p.full_tensor())
 
 
-def test_hsdp_on_a_2d_mesh_equals_one_process(algo, comm):
+def test_hsdp_on_a_2d_mesh_equals_one_process(dist_algo, comm):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
