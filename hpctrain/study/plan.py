@@ -159,6 +159,53 @@ def banded(predict_at):
     return rows
 
 
+#: Each input that can widen a band, in words.
+INPUT_WORDS = {"rate": "one device's rate", "intra": "the link inside a node",
+               "inter": "the link between nodes", "spread": "the stragglers' spread",
+               "slowdown": "the slowdown of backward beside a reduction",
+               "slowdown_node": "the slowdown of backward beside a reduction inside a node",
+               "update_s": "the update after the last reduction",
+               "tensor_s": "the negotiation per tensor", "rank_s": "the negotiation per rank",
+               "share": "the residual no term explains",
+               "measured": "the measured efficiency's range"}
+#: What narrows each input.
+NARROWING = {"rate": "one device's rate measured on it (--samples-per-s VALUE, or "
+                     "--measure-compute on that device)",
+             "intra": "a busbw measured inside a node (nccl-tests all_reduce_perf, given as "
+                      "--intra RATE)",
+             "inter": "a busbw measured between two nodes (nccl-tests all_reduce_perf, given "
+                      "as --inter RATE)",
+             "spread": "a run of --measure-compute on the device (the steps' spread)",
+             "slowdown": "a run of --measure-compute on the device (backward beside a "
+                         "reduction)",
+             "slowdown_node": "a run of --measure-compute on the device (backward beside a "
+                              "reduction)",
+             "update_s": "--update-ms measured",
+             "tensor_s": "--negotiation-us measured with the engine you will run",
+             "rank_s": "--negotiation-rank-us measured at two or more scales",
+             "share": "a two-node run into --measured-efficiency",
+             "measured": "a longer measured run (a tighter --measured-efficiency range)"}
+
+
+def uncertain_inputs(overheads, rate, intra=None, inter=None):
+    """The names of the inputs with a range: ``rate``, ``intra`` and ``inter`` (links, where
+    given) and the overheads' figures."""
+    names = ["rate"] if rate.uncertain else []
+    names += [name for name, link in (("intra", intra), ("inter", inter))
+              if link is not None and link.low != link.high]
+    names += [name for name in overheads._figures() if getattr(overheads, name).uncertain]
+    if overheads.calibrated and "measured" not in names:
+        names.append("measured")
+    return names
+
+
+def widest(efficiency, names):
+    """``[(name, low, high)]``, the widest first: ``efficiency(ends)`` with only ``name`` at
+    the band's pessimistic and optimistic end, every other input at its value."""
+    spans = [(name, efficiency({name: "low"}), efficiency({name: "high"})) for name in names]
+    return sorted(spans, key=lambda span: span[1] - span[2])
+
+
 def best(rows):
     """The fastest choice at each rank count."""
     chosen = {}
