@@ -25,8 +25,9 @@ from . import defaults as defaults_mod
 from . import links, plan
 from .overheads import Figure, exact
 
-#: The shipped file.
+#: The shipped file, and how the reports name it.
 PATH = os.path.join(os.path.dirname(__file__), "data", "published.toml")
+SHIPPED = "hpctrain/study/data/published.toml"
 SETS = ("tuning", "held-out")
 #: A run as it should read, for the messages.
 EXAMPLE = ('[[run]] id = "horovod-128-vgg16", set = "tuning", model = "vgg16", gpus = 128, '
@@ -283,6 +284,43 @@ def markdown(rows, defaults):
         if mine:
             lines += ["", f"## {name} ({len(mine)} runs)", "", *table(mine)]
     return "\n".join(lines) + "\n"
+
+
+#: Horovod's six: its published figures at 128 and 512 GPUs (runs of the tuning set).
+HOROVOD_SIX = tuple(f"horovod-{gpus}-{model}" for gpus in (128, 512)
+                    for model in ("inception_v3", "resnet101", "vgg16"))
+
+
+def horovod_planning(defaults, runs=None):
+    """Horovod's six planned from a planning user's inputs alone (:func:`calibrate`'s rows)."""
+    by_id = {run.id: run for run in (runs if runs is not None else load())}
+    return calibrate([by_id[name] for name in HOROVOD_SIX], defaults)
+
+
+def run_horovod(args):
+    """``study plan --horovod-benchmark``: Horovod's six both ways, with a planning user's
+    inputs only and with the 16-GPU measurement; horovod.md and horovod.json in --out."""
+    defaults = defaults_mod.load(args.defaults)
+    planning = horovod_planning(defaults)
+    cycle_ms = args.cycle_ms or plan.HOROVOD_2017_CYCLE_MS
+    rows, cluster = plan.horovod_benchmark(args.fusion_mb, cycle_ms)
+    text = "\n".join([
+        "# Horovod's published scaling against the plan", "",
+        "## With a planning user's inputs only", "",
+        "The model, one GPU's rate, 64 images per GPU, 4 GPUs per server, `pcie3` and `25gbe` "
+        "(RDMA or TCP not said), Horovod's 2017 cycle and fusion; every other term at its "
+        f"default range ({defaults.path}, `study calibrate` lists them).", "",
+        *table(planning), "", ""]) + plan.horovod_markdown(rows, cluster, args.fusion_mb,
+                                                           cycle_ms)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "horovod.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(args.out, "horovod.json"), "w") as f:
+        json.dump({"planning": planning, "cluster": cluster.description,
+                   "overheads": asdict(plan.HOROVOD_OVERHEADS),
+                   "speedup_16": plan.HOROVOD_16_GPUS, "rows": rows}, f, indent=1)
+    print(text)
+    return 0
 
 
 def run(args):

@@ -308,12 +308,16 @@ def _run_allreduce(args):
 
 
 def _run_plan(args):
-    # --against compares the plan with measured runs; plan_against builds on plan, so the
-    # choice between the two is made here, above both.
+    # --against compares the plan with measured runs and --horovod-benchmark with published
+    # ones; plan_against and calibration build on plan, so the choice is made here, above all.
     if args.against:
         from . import plan_against
 
         return plan_against.run(args)
+    if args.horovod_benchmark:              # both ways: calibration builds on plan too
+        from . import calibration
+
+        return calibration.run_horovod(args)
     from . import plan
 
     return plan.run(args)

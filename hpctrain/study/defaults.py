@@ -18,8 +18,9 @@ from dataclasses import dataclass, replace
 from ..errors import UsageError
 from .overheads import Figure, Overheads
 
-#: The shipped file.
+#: The shipped file, and how the reports name it.
 PATH = os.path.join(os.path.dirname(__file__), "data", "defaults.toml")
+SHIPPED = "hpctrain/study/data/defaults.toml"
 #: Every entry the file must have, in the order the plan lists them.
 TERMS = ("spread", "slowdown", "slowdown_node", "update_s", "tensor_s", "rank_s", "share")
 #: How a range was chosen.
@@ -40,7 +41,7 @@ class Defaults:
 
     figures: dict
     basis: dict
-    path: str = PATH
+    path: str = SHIPPED
 
     def overheads(self, nvlink=False):
         """:class:`Overheads` of the defaults alone; ``nvlink``: reductions inside a node run
@@ -76,7 +77,7 @@ def load(path=None):
     if unknown:
         raise UsageError(f"--defaults {path}: unknown entry [{unknown[0]}]; the entries are "
                          f"{', '.join(TERMS)}")
-    return Defaults(figures, basis, path)
+    return Defaults(figures, basis, SHIPPED if path == PATH else path)
 
 
 def _entry(path, term, table):
