@@ -25,9 +25,8 @@ from . import defaults as defaults_mod
 from . import links, plan
 from .overheads import Figure, exact
 
-#: The shipped file, and how the reports name it.
+#: The shipped file.
 PATH = os.path.join(os.path.dirname(__file__), "data", "published.toml")
-SHIPPED = "hpctrain/study/data/published.toml"
 SETS = ("tuning", "held-out")
 #: A run as it should read, for the messages.
 EXAMPLE = ('[[run]] id = "horovod-128-vgg16", set = "tuning", model = "vgg16", gpus = 128, '

@@ -91,8 +91,8 @@ PRESETS = {link.name: link for link in [
     Link("pcie5", 63e9, 35e9, 28e9, 50e9, 5e-6,
          "PCIe 5.0 x16; allreduce busbw 35 GB/s on 4 and 28 on 8 GPUs, set by the CPU and "
          "memory (NVIDIA/nccl#1639); 50 = 80 % of line where the switch allows (assumed)"),
-    _ethernet(10, 25e-6), _ethernet(25, 10e-6), _ethernet(40, 8e-6), _ethernet(50, 8e-6), _ethernet(100, 5e-6),
-    _ethernet(200, 5e-6), _ethernet(400, 5e-6),
+    _ethernet(10, 25e-6), _ethernet(25, 10e-6), _ethernet(40, 8e-6), _ethernet(50, 8e-6),
+    _ethernet(100, 5e-6), _ethernet(200, 5e-6), _ethernet(400, 5e-6),
     Link("ib-edr", 12.5e9, 12e9, 11e9, 12.2e9, 1.5e-6,
          "InfiniBand EDR, 100 Gbit/s; 12.2 GB/s 'as good as you can get' per adapter "
          "(NVIDIA/nccl-tests#29), 12 the usual target (#119); low end 11 (assumed)"),
