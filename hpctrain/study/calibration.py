@@ -277,7 +277,7 @@ def markdown(rows, defaults):
              f"Defaults ({defaults.path}):"]
     for term in defaults_mod.TERMS:
         text, source, basis = defaults.describe(term)
-        lines.append(f"- {term}: {text} ({basis})")
+        lines.append(f"- {plan.INPUT_WORDS[term]}: {text} ({basis})")
     for name in SETS:
         mine = [r for r in rows if r["set"] == name]
         if mine:

@@ -30,6 +30,9 @@ BASES = {"term": "from the term's own measurements",
 #: An entry as it should read, for the messages.
 EXAMPLE = ('[slowdown] low = 1.015, high = 1.036, source = "NVIDIA/nccl#689", '
            'basis = "term"')
+#: How each term reads: its unit and the factor to it.
+UNITS = {"spread": (" %", 100), "update_s": (" ms", 1e3), "tensor_s": (" µs", 1e6),
+         "rank_s": (" µs", 1e6), "share": (" % of compute", 100)}
 #: The smallest value each entry may take (a slowdown is a factor of at least 1).
 MINIMUM = {"slowdown": 1.0, "slowdown_node": 1.0}
 
@@ -54,7 +57,8 @@ class Defaults:
     def describe(self, term):
         """``(range text, source, basis in words)`` of ``term``."""
         figure = self.figures[term]
-        return figure.describe(), figure.source, BASES[self.basis[term]]
+        return figure.describe(*UNITS.get(term, ("", 1.0))), figure.source, \
+            BASES[self.basis[term]]
 
 
 def load(path=None):
