@@ -2,6 +2,7 @@
 runs it is held against (data/published.toml, study calibrate), and bad files."""
 
 import json
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -258,3 +259,22 @@ def test_the_band_narrows_as_terms_are_given():
         return rows[-1]["efficiency_high"] - rows[-1]["efficiency_low"]
     known = replace(shipped, share=exact(0.05), spread=exact(0.002))
     assert 0 < width(known) < width(shipped)
+
+
+def test_a_plan_from_planning_inputs_alone_lists_every_default_and_its_widest_input(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "hpctrain", "study", "plan", "--model",
+                           "resnet50", "--samples-per-s", "329", "--batch", "32", "--ranks",
+                           "16", "--ranks-per-node", "8", "--intra", "nvlink-v100", "--inter",
+                           "ib-edr", "--algos", "ring", "--policies", "ddp", "--band",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "0 (not given)" not in done.stdout
+    assert "- residual: 11.5 (5-18) % of compute at every p > 1 (default, chosen to hit " \
+           "published whole runs" in done.stdout
+    assert "x 2.13 (1.76-2.5) where every reduction stays inside a node (default, from the " \
+           "term's own measurements: A100 kernels" in done.stdout
+    said = re.search(r"At p = 16 \(ring / ddp\) the efficiency lies between (\d+) and (\d+) %: "
+                     r"mostly the residual no term explains", done.stdout)
+    row = json.loads((tmp_path / "plan.json").read_text())["rows"][-1]
+    assert said and (int(said[1]), int(said[2])) == (round(100 * row["efficiency_low"]),
+                                                     round(100 * row["efficiency_high"]))
