@@ -108,7 +108,8 @@ class Overheads:
     residual: float = 0.0
     end: str = "point"
 
-    def _figures(self):
+    def figure_names(self):
+        """The names of the inputs that are :class:`Figure` s."""
         return [f.name for f in fields(self) if isinstance(getattr(self, f.name), Figure)]
 
     @property
@@ -121,7 +122,7 @@ class Overheads:
         """Whether any input has a range (a measured efficiency always has one: how its
         residual grows with p)."""
         return self.calibrated or any(getattr(self, name).uncertain
-                                      for name in self._figures())
+                                      for name in self.figure_names())
 
     def at(self, end):
         """The inputs at the pessimistic (``"low"`` efficiency) or optimistic end."""
@@ -130,7 +131,7 @@ class Overheads:
         flip = {"low": "high", "high": "low"}.get(end, end)
         return replace(self, end=end, **{
             name: exact(getattr(self, name).at(end if name == "measured" else flip))
-            for name in self._figures()})
+            for name in self.figure_names()})
 
     def at_each(self, ends):
         """These inputs with each figure named in ``ends`` at that end of the band (``"low"``
@@ -139,7 +140,7 @@ class Overheads:
         flip = {"low": "high", "high": "low"}
         changed = {name: exact(getattr(self, name).at(
                        end if name == "measured" else flip.get(end, end)))
-                   for name, end in ends.items() if name in self._figures()}
+                   for name, end in ends.items() if name in self.figure_names()}
         return replace(self, end=ends.get("measured", self.end), **changed)
 
     def without(self, *names):

@@ -11,8 +11,10 @@ a low and a high from the inputs' stated uncertainty, and a best choice only whe
 do not overlap; with ``--global-batch``, strong scaling of that batch too.
 
 The step model is :mod:`.step`; the links :mod:`.links`; the terms' inputs
-:mod:`.overheads`. Nothing here runs MPI or a model's arithmetic: the architectures are
-built on the meta device (:mod:`.architectures`).
+:mod:`.overheads`, each term not given at its default range (:mod:`.defaults`: no silent
+zero); with ``--band``, the input that widens the band most, in words. Nothing here runs
+MPI or a model's arithmetic: the architectures are built on the meta device
+(:mod:`.architectures`).
 """
 
 import functools
@@ -194,7 +196,7 @@ def uncertain_inputs(overheads, rate, intra=None, inter=None):
     names = ["rate"] if rate.uncertain else []
     names += [name for name, link in (("intra", intra), ("inter", inter))
               if link is not None and link.low != link.high]
-    names += [name for name in overheads._figures() if getattr(overheads, name).uncertain]
+    names += [name for name in overheads.figure_names() if getattr(overheads, name).uncertain]
     if overheads.calibrated and "measured" not in names:
         names.append("measured")
     return names
