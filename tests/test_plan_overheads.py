@@ -203,7 +203,8 @@ def test_the_command_prints_every_term_the_links_and_the_band(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (("--inter", "25gbit,fast"), "--inter '25gbit,fast': give a preset"),
     (("--spread", "-0.01"), "--spread '-0.01': must be at least 0"),
-    (("--intra", "12GB/s", "--inter", "25gbit", "--band"), "--band needs an uncertainty"),
+    (("--slowdown", "1.2:1.3:1.1"), "--slowdown '1.2:1.3:1.1': give VALUE:LOW:HIGH with "
+                                     "LOW <= VALUE <= HIGH"),
     (("--global-batch", "100"), "--global-batch 100: give a multiple of --batch 64"),
     (("--measured-efficiency", "12=0.9"), "12 ranks is not a point of this plan; give one of "
                                           "2, 4, 8, 16"),

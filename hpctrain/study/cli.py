@@ -22,7 +22,8 @@ and runs/ (each run's metrics.csv and log). Run it as one process, not under mpi
 
 
 def add_parser(subparsers):
-    """Register ``study allreduce``, ``train``, ``plan``, ``fattree`` and ``predict``."""
+    """Register ``study allreduce``, ``train``, ``plan``, ``calibrate``, ``fattree`` and
+    ``predict``."""
     parser = subparsers.add_parser(
         "study", help="scaling studies: sweep, fit the α-β-γ model, plot, predict at scale",
         description="Run as ONE process (not under mpirun): the study launches the benchmarks "
@@ -134,7 +135,7 @@ def add_parser(subparsers):
                               "nvlink-a100, nvlink-h100, pcie3, pcie4, pcie5) or RATE[,LATENCY], "
                               "e.g. 200GB/s,2us (default: nvlink-v100)")
     planner.add_argument("--inter", default="ib-edr",
-                         help="link between nodes: a preset (10gbe, 25gbe, 50gbe, 100gbe, "
+                         help="link between nodes: a preset (10gbe, 25gbe, 40gbe, 50gbe, 100gbe, "
                               "200gbe, 400gbe, ib-edr, ib-hdr, ib-ndr) or RATE[,LATENCY], e.g. "
                               "50gbit,5us (default: ib-edr)")
     planner.add_argument("--adapters", type=int, default=1,
@@ -166,6 +167,9 @@ def add_parser(subparsers):
                               "model, cluster, first --algos and --policies): what the terms "
                               "do not explain there is carried to every p as a residual "
                               "(e.g. 16=0.94:0.93:0.95)")
+    planner.add_argument("--defaults", metavar="TOML",
+                         help="the default range and source of every term not given "
+                              "(default: hpctrain/study/data/defaults.toml)")
     planner.add_argument("--band", action="store_true",
                          help="each efficiency with a low and a high from the inputs' ranges "
                               "(presets' busbw, VALUE:LOW:HIGH figures, measured spreads)")
@@ -195,6 +199,34 @@ def add_parser(subparsers):
                          help="folder for summary.md, plan.json, plan.png, timeline.png "
                               "(with --against: against.md, against.json)")
     planner.set_defaults(func=_run_plan)
+
+    calibrate = kinds.add_parser(
+        "calibrate", help="the plan, given only a planning user's inputs, against published "
+                          "whole runs: a tuning set and a held-out set",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Plan every published run of --published from what a planning user knows "
+                    "(model, one device's rate, batch, devices per node, links, gradient "
+                    "policy), every other term at its default range (--defaults), and print "
+                    "published, point and band per run, and per set the share of published "
+                    "figures inside their band and the mean signed and absolute error. See "
+                    "docs/studies.md.",
+        epilog="examples:\n"
+               "  python -m hpctrain study calibrate                 # both sets\n"
+               "  python -m hpctrain study calibrate --set held-out\n"
+               "  python -m hpctrain study calibrate --set tuning --tune   # the residual's "
+               "range")
+    calibrate.add_argument("--published", metavar="TOML",
+                           help="published runs (default: hpctrain/study/data/published.toml)")
+    calibrate.add_argument("--defaults", metavar="TOML",
+                           help="default ranges (default: hpctrain/study/data/defaults.toml)")
+    calibrate.add_argument("--set", default="both", choices=("tuning", "held-out", "both"),
+                           help="which runs (default: both)")
+    calibrate.add_argument("--tune", action="store_true",
+                           help="instead: choose the residual's default range on the tuning "
+                                "set (the narrowest that puts the most runs inside their band)")
+    calibrate.add_argument("--out", default=os.path.join("runs", "calibrate"),
+                           help="folder for calibration.md and calibration.json")
+    calibrate.set_defaults(func=_run_calibrate)
 
     fattree = kinds.add_parser(
         "fattree", help="the allreduce's closed form against a SimGrid simulation of a fat "
@@ -276,15 +308,25 @@ def _run_allreduce(args):
 
 
 def _run_plan(args):
-    # --against compares the plan with measured runs; plan_against builds on plan, so the
-    # choice between the two is made here, above both.
+    # --against compares the plan with measured runs and --horovod-benchmark with published
+    # ones; plan_against and calibration build on plan, so the choice is made here, above all.
     if args.against:
         from . import plan_against
 
         return plan_against.run(args)
+    if args.horovod_benchmark:              # both ways: calibration builds on plan too
+        from . import calibration
+
+        return calibration.run_horovod(args)
     from . import plan
 
     return plan.run(args)
+
+
+def _run_calibrate(args):
+    from . import calibration
+
+    return calibration.run(args)
 
 
 def _run_fattree(args):

@@ -19,9 +19,9 @@ DEFAULT_LATENCY = 5e-6
 #: The share of an RDMA network adapter's line rate an allreduce reaches (12 GB/s of a
 #: 100 Gbit/s adapter's 12.5, 24 of a 200 Gbit/s one's 25: NVIDIA/nccl-tests#29, #119).
 RDMA_SHARE = 0.96
-#: The share assumed where only TCP or an untuned RDMA stack carries it (not sourced: the
-#: low end of an Ethernet preset's range).
-TCP_SHARE = 0.8
+#: The share NCCL reaches where TCP carries it: "not ... reliably more than 60% of wire speed
+#: over 32Gbps networks" (NVIDIA/nccl#209, 2019; 9-42 % at 100 Gbit/s in NVIDIA/nccl#450).
+TCP_SHARE = 0.6
 #: The share of an NVLink's line rate that carries payload: ~20 of 25 GB/s per NVLink with the
 #: 128-byte writes of the SMs (NVIDIA/nccl-tests#149).
 NVLINK_SHARE = 0.8
@@ -54,11 +54,14 @@ class Link:
 
 
 def _ethernet(gbit, latency):
+    # Whether RDMA (RoCE) or TCP will carry it is what a buyer of Ethernet often does not know
+    # yet: the range spans both, the value is its middle.
     line = gbit * 1e9 / 8
-    return Link(f"{gbit}gbe", line, RDMA_SHARE * line, TCP_SHARE * line, RDMA_SHARE * line,
-                latency, f"{gbit} Gbit/s line; {RDMA_SHARE:.0%} with RDMA (RoCE) as NCCL "
-                f"reaches on an RDMA adapter (NVIDIA/nccl-tests#29, #119), {TCP_SHARE:.0%} "
-                f"low end (assumed: TCP or untuned RoCE)")
+    return Link(f"{gbit}gbe", line, (RDMA_SHARE + TCP_SHARE) / 2 * line, TCP_SHARE * line,
+                RDMA_SHARE * line, latency,
+                f"{gbit} Gbit/s line; {RDMA_SHARE:.0%} with RDMA (RoCE) as NCCL reaches on an "
+                f"RDMA adapter (NVIDIA/nccl-tests#29, #119), {TCP_SHARE:.0%} over TCP "
+                f"(NVIDIA/nccl#209); the value the middle")
 
 
 def _nvlink(gpu, links, per_link, measured=None, low=None, high=None, source=""):
@@ -88,8 +91,8 @@ PRESETS = {link.name: link for link in [
     Link("pcie5", 63e9, 35e9, 28e9, 50e9, 5e-6,
          "PCIe 5.0 x16; allreduce busbw 35 GB/s on 4 and 28 on 8 GPUs, set by the CPU and "
          "memory (NVIDIA/nccl#1639); 50 = 80 % of line where the switch allows (assumed)"),
-    _ethernet(10, 25e-6), _ethernet(25, 10e-6), _ethernet(50, 8e-6), _ethernet(100, 5e-6),
-    _ethernet(200, 5e-6), _ethernet(400, 5e-6),
+    _ethernet(10, 25e-6), _ethernet(25, 10e-6), _ethernet(40, 8e-6), _ethernet(50, 8e-6),
+    _ethernet(100, 5e-6), _ethernet(200, 5e-6), _ethernet(400, 5e-6),
     Link("ib-edr", 12.5e9, 12e9, 11e9, 12.2e9, 1.5e-6,
          "InfiniBand EDR, 100 Gbit/s; 12.2 GB/s 'as good as you can get' per adapter "
          "(NVIDIA/nccl-tests#29), 12 the usual target (#119); low end 11 (assumed)"),

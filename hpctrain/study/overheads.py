@@ -10,6 +10,8 @@ p ranks pays besides computing and reducing, each with its stated uncertainty.
   parameter, as TensorFlow's apply ops do): ``update_s`` is the update of all parameters;
 - **slowdown**: while a reduction runs beside backward, backward runs ``slowdown`` times
   slower (the reduction takes cores on a CPU, SMs and memory bandwidth on a GPU);
+  ``slowdown_node`` where every reduction stays inside one node (over NVLink a reduction
+  moves far more bytes through the GPU's memory than one paced by a network adapter);
 - **negotiation**: the cost of agreeing on each tensor before its reduction, per tensor and
   cycle ``tensor_s`` plus ``rank_s`` per rank (a coordinator that gathers every rank's
   requests, as Horovod's without its cache, grows linearly with p);
@@ -18,6 +20,9 @@ p ranks pays besides computing and reducing, each with its stated uncertainty.
   (:meth:`Overheads.solved` finds it). One measured scale cannot tell a cost that stays
   from one that grows like the stragglers', so the pessimistic end grows it as E[max of p]
   does, the optimistic end keeps it, and the value is halfway (:meth:`Overheads.residual_s`).
+  Without a measurement, ``share``: a share of compute that runs of this kind lose and no
+  term explains, the same at every p > 1 (a default from published whole runs,
+  :mod:`.defaults`).
 
 Every input is a :class:`Figure`: a value and its low and high.
 """
@@ -94,14 +99,17 @@ class Overheads:
     spread: Figure = field(default_factory=lambda: exact(0.0, "not given"))
     update_s: Figure = field(default_factory=lambda: exact(0.0, "not given"))
     slowdown: Figure = field(default_factory=lambda: exact(1.0, "not given"))
+    slowdown_node: Figure = field(default_factory=lambda: exact(1.0, "not given"))
     tensor_s: Figure = field(default_factory=lambda: exact(0.0, "not given"))
     rank_s: Figure = field(default_factory=lambda: exact(0.0, "not given"))
     measured: Figure = field(default_factory=lambda: exact(0.0, "not given"))
+    share: Figure = field(default_factory=lambda: exact(0.0, "not given"))
     measured_p: int = 0
     residual: float = 0.0
     end: str = "point"
 
-    def _figures(self):
+    def figure_names(self):
+        """The names of the inputs that are :class:`Figure` s."""
         return [f.name for f in fields(self) if isinstance(getattr(self, f.name), Figure)]
 
     @property
@@ -114,7 +122,7 @@ class Overheads:
         """Whether any input has a range (a measured efficiency always has one: how its
         residual grows with p)."""
         return self.calibrated or any(getattr(self, name).uncertain
-                                      for name in self._figures())
+                                      for name in self.figure_names())
 
     def at(self, end):
         """The inputs at the pessimistic (``"low"`` efficiency) or optimistic end."""
@@ -123,7 +131,17 @@ class Overheads:
         flip = {"low": "high", "high": "low"}.get(end, end)
         return replace(self, end=end, **{
             name: exact(getattr(self, name).at(end if name == "measured" else flip))
-            for name in self._figures()})
+            for name in self.figure_names()})
+
+    def at_each(self, ends):
+        """These inputs with each figure named in ``ends`` at that end of the band (``"low"``
+        or ``"high"`` efficiency: a cost's high figure at the low end), the others at their
+        value: how much one input alone widens the band."""
+        flip = {"low": "high", "high": "low"}
+        changed = {name: exact(getattr(self, name).at(
+                       end if name == "measured" else flip.get(end, end)))
+                   for name, end in ends.items() if name in self.figure_names()}
+        return replace(self, end=ends.get("measured", self.end), **changed)
 
     def without(self, *names):
         """These inputs, the terms ``names`` switched off (their defaults: no cost)."""
@@ -145,12 +163,18 @@ class Overheads:
         share :meth:`solved` found, as it was at the measured scale (the optimistic end),
         grown as the slowest of p is (E[max of p] over E[max of the measured p], the
         pessimistic end), or halfway (the value); 0 at one rank."""
-        if p < 2 or not self.calibrated:
+        if p < 2:
             return 0.0
+        if not self.calibrated:
+            return self.share.value * compute_s
         grown = expected_max(p) / expected_max(self.measured_p)
         weight = {"low": max(1.0, grown), "high": min(1.0, grown)}.get(self.end,
                                                                        (1.0 + grown) / 2)
         return self.residual * compute_s * weight
+
+    def slowdown_at(self, nodes):
+        """Backward's slowdown factor beside a reduction of a step over ``nodes`` nodes."""
+        return (self.slowdown_node if nodes == 1 else self.slowdown).value
 
     def negotiation_s(self, tensors, p):
         """Seconds to agree on ``tensors`` tensors among ``p`` ranks (0 at one rank)."""

@@ -11,8 +11,10 @@ a low and a high from the inputs' stated uncertainty, and a best choice only whe
 do not overlap; with ``--global-batch``, strong scaling of that batch too.
 
 The step model is :mod:`.step`; the links :mod:`.links`; the terms' inputs
-:mod:`.overheads`. Nothing here runs MPI or a model's arithmetic: the architectures are
-built on the meta device (:mod:`.architectures`).
+:mod:`.overheads`, each term not given at its default range (:mod:`.defaults`: no silent
+zero); with ``--band``, the input that widens the band most, in words. Nothing here runs
+MPI or a model's arithmetic: the architectures are built on the meta device
+(:mod:`.architectures`).
 """
 
 import functools
@@ -26,6 +28,7 @@ from .. import models
 from ..collectives import cost
 from ..errors import UsageError
 from . import architectures, links
+from . import defaults as defaults_mod
 from .links import at_line
 from .overheads import Figure, Overheads, exact, expected_max, figure
 from .step import POLICIES, Cluster, gradients, measured_gradients, predict
@@ -159,6 +162,53 @@ def banded(predict_at):
     return rows
 
 
+#: Each input that can widen a band, in words.
+INPUT_WORDS = {"rate": "one device's rate", "intra": "the link inside a node",
+               "inter": "the link between nodes", "spread": "the stragglers' spread",
+               "slowdown": "the slowdown of backward beside a reduction",
+               "slowdown_node": "the slowdown of backward beside a reduction inside a node",
+               "update_s": "the update after the last reduction",
+               "tensor_s": "the negotiation per tensor", "rank_s": "the negotiation per rank",
+               "share": "the residual no term explains",
+               "measured": "the measured efficiency's range"}
+#: What narrows each input.
+NARROWING = {"rate": "one device's rate measured on it (--samples-per-s VALUE, or "
+                     "--measure-compute on that device)",
+             "intra": "a busbw measured inside a node (nccl-tests all_reduce_perf, given as "
+                      "--intra RATE)",
+             "inter": "a busbw measured between two nodes (nccl-tests all_reduce_perf, given "
+                      "as --inter RATE)",
+             "spread": "a run of --measure-compute on the device (the steps' spread)",
+             "slowdown": "a run of --measure-compute on the device (backward beside a "
+                         "reduction)",
+             "slowdown_node": "a run of --measure-compute on the device (backward beside a "
+                              "reduction)",
+             "update_s": "--update-ms measured",
+             "tensor_s": "--negotiation-us measured with the engine you will run",
+             "rank_s": "--negotiation-rank-us measured at two or more scales",
+             "share": "a two-node run into --measured-efficiency",
+             "measured": "a longer measured run (a tighter --measured-efficiency range)"}
+
+
+def uncertain_inputs(overheads, rate, intra=None, inter=None):
+    """The names of the inputs with a range: ``rate``, ``intra`` and ``inter`` (links, where
+    given) and the overheads' figures."""
+    names = ["rate"] if rate.uncertain else []
+    names += [name for name, link in (("intra", intra), ("inter", inter))
+              if link is not None and link.low != link.high]
+    names += [name for name in overheads.figure_names() if getattr(overheads, name).uncertain]
+    if overheads.calibrated and "measured" not in names:
+        names.append("measured")
+    return names
+
+
+def widest(efficiency, names):
+    """``[(name, low, high)]``, the widest first: ``efficiency(ends)`` with only ``name`` at
+    the band's pessimistic and optimistic end, every other input at its value."""
+    spans = [(name, efficiency({name: "low"}), efficiency({name: "high"})) for name in names]
+    return sorted(spans, key=lambda span: span[1] - span[2])
+
+
 def best(rows):
     """The fastest choice at each rank count."""
     chosen = {}
@@ -275,8 +325,9 @@ HOROVOD_OVERHEADS = Overheads(
                     "as Horovod negotiated in 2017), 200 tensors at p = 2..4"),
     rank_s=exact(0.0, "no growth with p resolvable at p = 2..4 on 2 shared cores"))
 #: The terms in the order the benchmark adds them, with the input each switches on.
-TERMS = (("negotiation", ("tensor_s", "rank_s")), ("slowdown", ("slowdown",)),
-         ("tail", ("update_s",)), ("stragglers", ("spread",)), ("residual", ("measured",)))
+TERMS = (("negotiation", ("tensor_s", "rank_s")), ("slowdown", ("slowdown", "slowdown_node")),
+         ("tail", ("update_s",)), ("stragglers", ("spread",)),
+         ("residual", ("measured", "share")))
 
 
 def horovod_overheads(model, overheads=HOROVOD_OVERHEADS):
@@ -298,9 +349,22 @@ def solved(weak, overheads, choice):
     return overheads.solved(row["step_s"], row["compute_s"])
 
 
+#: The low end of a link known to run RDMA over Ethernet: an untuned RoCE stack (assumed).
+UNTUNED_ROCE = 0.8
+
+
+def horovod_links():
+    """The benchmark's links: the presets, RDMA between servers (Horovod's text says RoCE):
+    the Ethernet preset's RDMA end as the value, an untuned RoCE stack's as its low."""
+    intra, inter = (links.PRESETS[HOROVOD_CLUSTER[k]] for k in ("intra", "inter"))
+    return intra, replace(inter, busbw=inter.high, low=UNTUNED_ROCE * inter.line,
+                          source=inter.source + f"; RoCE said: {links.RDMA_SHARE:.0%}, "
+                                 f"{UNTUNED_ROCE:.0%} (untuned RoCE, assumed) the low end")
+
+
 def horovod_cluster(end="point"):
     """The benchmark's cluster with its links' busbw at ``end``."""
-    intra, inter = (links.PRESETS[HOROVOD_CLUSTER[k]].at(end) for k in ("intra", "inter"))
+    intra, inter = (link.at(end) for link in horovod_links())
     return links_cluster(HOROVOD_CLUSTER["ranks_per_node"], intra, inter)
 
 
@@ -388,9 +452,10 @@ def measured_efficiency(text, counts):
     return p, efficiency
 
 
-def overheads_of(args, counts, measured=None):
+def overheads_of(args, counts, measured=None, defaults=None, nvlink=False):
     """The :class:`.overheads.Overheads` of the options (``counts``: the plan's rank
-    counts); what ``--measure-compute`` measured stands in for a figure not given."""
+    counts): a figure given, else what ``--measure-compute`` measured, else its default range
+    (``defaults``, :mod:`.defaults`; ``nvlink``: reductions inside a node run over NVLink)."""
     given = {}
     for option, key, example, minimum in (
             ("--spread", "spread", "0.02:0.01:0.04", 0.0),
@@ -410,10 +475,13 @@ def overheads_of(args, counts, measured=None):
             given["spread"] = measured.spread
         if "slowdown" not in given and measured.slowdown is not None:
             given["slowdown"] = measured.slowdown
+    if "slowdown" in given:                 # one figure given or measured: inside a node too
+        given["slowdown_node"] = given["slowdown"]
     if args.measured_efficiency is not None:
         given["measured_p"], given["measured"] = measured_efficiency(args.measured_efficiency,
                                                                      counts)
-    return Overheads(**given)
+    base = defaults.overheads(nvlink) if defaults is not None else Overheads()
+    return replace(base, **given)
 
 
 def links_of(args):
@@ -423,8 +491,6 @@ def links_of(args):
 
 def run(args):
     """``study plan``: the tables on stdout, and summary.md, plan.json and plots in --out."""
-    if args.horovod_benchmark:
-        return _run_horovod_benchmark(args)
     if not args.model:
         raise UsageError("give --model (e.g. resnet50), --horovod-benchmark or --against "
                          "TRAIN_DIR")
@@ -442,6 +508,8 @@ def run(args):
     layers, shape = model_layers(args.model, shape)
     cluster_at = cluster_of(args)
     counts = rank_counts(args.ranks, args.ranks_per_node)
+    defaults = defaults_mod.load(args.defaults)
+    nvlink = not args.params and links_of(args)[0].name.startswith("nvlink")
     overheads_of(args, counts)             # bad figures are refused before any measuring
     algos = _names(args.algos, cost.modelled(), "--algos")
     policies = _names(args.policies, POLICIES, "--policies")
@@ -455,7 +523,7 @@ def run(args):
         measured = compute.measure(build(), shape, args.batch, args.measure_steps,
                                    beside=True)
         rate = exact(args.batch / (measured.forward_s + measured.backward_s), "measured here")
-    overheads = overheads_of(args, counts, measured)
+    overheads = overheads_of(args, counts, measured, defaults, nvlink)
     uncertain = overheads.uncertain or rate.uncertain or cluster_at("low") != cluster_at("high")
     if args.band and not uncertain:
         raise UsageError("--band needs an uncertainty: give a figure as VALUE:LOW:HIGH, e.g. "
@@ -485,10 +553,26 @@ def run(args):
 
     rows = predict_rows(weak)
     strong_rows = predict_rows(split) if args.global_batch is not None else []
+
+    def efficiency_at(ends, top):           # one input at an end, the others at their value
+        cluster = cluster_at(ends.get("intra", "point"), ends.get("inter", "point"))
+
+        def rows_of(inputs):
+            return plan(layers, args.batch, rate.at(FLIP[ends.get("rate", "point")]), cluster,
+                        top["np"], algos, policies, *options, overheads=inputs)
+        inputs = solved(rows_of, overheads.at_each(ends), first)
+        return next(r["efficiency"] for r in rows_of(inputs)
+                    if r["np"] == top["np"] and label(r) == label(top))
+
+    spans = []
+    if args.band and best(rows)[-1]["np"] > 1:
+        top = best(rows)[-1]
+        names = uncertain_inputs(overheads, rate, *(() if args.params else links_of(args)))
+        spans = widest(lambda ends: efficiency_at(ends, top), names)
     overheads = inputs_at("point")
     cluster = cluster_at("point")
     os.makedirs(args.out, exist_ok=True)
-    text = summary(rows, args, cluster, layers, rate, measured, overheads, strong_rows)
+    text = summary(rows, args, cluster, layers, rate, measured, overheads, strong_rows, spans)
     with open(os.path.join(args.out, "summary.md"), "w") as f:
         f.write(text)
     inputs = {"model": args.model, "input": shape, "batch": args.batch,
@@ -534,9 +618,9 @@ def write_hdf5(path, rows, layers, attrs):
 def horovod_markdown(rows, cluster, fusion_mb, cycle_ms, overheads=HOROVOD_OVERHEADS):
     """The benchmark's markdown: inputs with their sources, then published against
     predicted, term by term, with the band."""
-    intra, inter = (links.PRESETS[HOROVOD_CLUSTER[k]] for k in ("intra", "inter"))
+    intra, inter = horovod_links()
     terms = ["communication", *(term for term, _ in TERMS)]
-    lines = ["# Horovod's published scaling against the plan", "",
+    lines = ["## With the 16-GPU measurement (--measured-efficiency)", "",
              f"- cluster: {cluster.description}; Horovod's ring, fusion {fusion_mb:g} MB, "
              f"cycle {cycle_ms:g} ms; 64 images per GPU",
              f"- inside a server: {intra.describe()} ({intra.source})",
@@ -572,21 +656,6 @@ def inside_band(row):
     return row["low"] <= row["published"] + 0.5 and row["published"] - 0.5 <= row["high"]
 
 
-def _run_horovod_benchmark(args):
-    cycle_ms = args.cycle_ms or HOROVOD_2017_CYCLE_MS
-    rows, cluster = horovod_benchmark(args.fusion_mb, cycle_ms)
-    text = horovod_markdown(rows, cluster, args.fusion_mb, cycle_ms)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "horovod.md"), "w") as f:
-        f.write(text)
-    with open(os.path.join(args.out, "horovod.json"), "w") as f:
-        json.dump({"cluster": cluster.description, "overheads": asdict(HOROVOD_OVERHEADS),
-                   "speedup_16": HOROVOD_16_GPUS, "rows": rows},
-                  f, indent=1)
-    print(text)
-    return 0
-
-
 def read_profile(path):
     """The content of a ``params.json`` of ``study allreduce``; ``UsageError`` if missing."""
     try:
@@ -600,9 +669,10 @@ def read_profile(path):
 
 
 def cluster_of(args):
-    """``cluster_at(end)``: the ``Cluster`` of the options with the links' busbw at ``end``
-    (``"point"``, ``"low"``, ``"high"``): ``--params`` fitted by a study (no range), else
-    ``--intra`` and ``--inter``."""
+    """``cluster_at(end, inter_end=None)``: the ``Cluster`` of the options with the links'
+    busbw at ``end`` (``"point"``, ``"low"``, ``"high"``; the link between nodes at
+    ``inter_end`` where given): ``--params`` fitted by a study (no range), else ``--intra``
+    and ``--inter``."""
     if args.params:
         try:
             params = cost.params_of(read_profile(args.params))
@@ -611,15 +681,15 @@ def cluster_of(args):
                 from None
         fitted = Cluster(args.ranks_per_node, params,
                          f"{args.ranks_per_node} ranks per node, parameters from {args.params}")
-        return lambda end: fitted
+        return lambda end, inter_end=None: fitted
     intra, inter = links_of(args)
     if not args.link_efficiency > 0:
         raise UsageError(f"--link-efficiency {args.link_efficiency:g}: give a share above 0, "
                          f"e.g. --link-efficiency 0.9")
 
-    def at(end):
-        return links_cluster(args.ranks_per_node, intra.at(end), inter.at(end), args.adapters,
-                             args.reduce_rate * 1e9, args.link_efficiency)
+    def at(end, inter_end=None):
+        return links_cluster(args.ranks_per_node, intra.at(end), inter.at(inter_end or end),
+                             args.adapters, args.reduce_rate * 1e9, args.link_efficiency)
     return at
 
 
@@ -651,8 +721,10 @@ def _overhead_lines(overheads):
                            f"{expected_max(512):.2f} σ at 512"),
             ("tail", f"update after the last reduction {o.update_s.describe(' ms', 1e3)} "
                      f"({o.update_s.source}); the last reduction's own time is in exposed"),
-            ("slowdown", f"backward x {o.slowdown.describe()} while a reduction runs beside "
-                         f"it ({o.slowdown.source})"),
+            ("slowdown", f"backward x {o.slowdown.describe()} while a reduction between "
+                         f"nodes runs beside it ({o.slowdown.source}); x "
+                         f"{o.slowdown_node.describe()} where every reduction stays inside a "
+                         f"node ({o.slowdown_node.source})"),
             ("negotiation", f"{o.tensor_s.describe(' µs', 1e6)} per negotiated tensor "
                             f"({o.tensor_s.source}) + {o.rank_s.describe(' µs', 1e6)} per "
                             f"rank ({o.rank_s.source})"),
@@ -661,7 +733,8 @@ def _overhead_lines(overheads):
 
 def _residual_text(o):
     if not o.calibrated:
-        return "none (no efficiency measured at a smaller scale: --measured-efficiency)"
+        return (f"{o.share.describe(' %', 100)} of compute at every p > 1 ({o.share.source}; "
+                f"--measured-efficiency replaces it)")
     return (f"efficiency {o.measured.describe(' %', 100)} measured at {o.measured_p} ranks "
             f"({o.measured.source}) leaves {100 * o.residual:.1f} % of compute that no term "
             f"above explains there; carried to every p > 1 halfway between staying and "
@@ -699,9 +772,28 @@ def _table(rows, first="p", extra=lambda row: ""):
     return lines
 
 
-def summary(rows, args, cluster, layers, rate, measured=None, overheads=None, strong_rows=()):
+def band_text(row, spans):
+    """In words, what the band of the best ``row`` at the largest p is and which input widens
+    it most (``spans``: :func:`widest`'s, in fractions), and what narrows that input."""
+    low, high = 100 * row["efficiency_low"], 100 * row["efficiency_high"]
+    text = f"At p = {row['np']} ({label(row)}) the efficiency lies between {low:.0f} and " \
+           f"{high:.0f} %"
+    if not spans or spans[0][2] - spans[0][1] <= 0:
+        return text + "."
+    (name, a, b), rest = spans[0], [span for span in spans[1:] if span[2] - span[1] > 5e-4]
+    text += (f": mostly {INPUT_WORDS[name]} ({100 * a:.1f}-{100 * b:.1f} % with it alone at "
+             f"its ends), which {NARROWING[name]} narrows")
+    if rest:
+        text += "; then " + ", ".join(f"{INPUT_WORDS[n]} ({100 * (y - x):.1f} points)"
+                                      for n, x, y in rest[:3])
+    return text + "."
+
+
+def summary(rows, args, cluster, layers, rate, measured=None, overheads=None, strong_rows=(),
+            spans=()):
     """The plan's markdown: inputs (every term's with its source, the link figures used),
-    the best choice per rank count with its terms, strong scaling, then every point."""
+    the best choice per rank count with its terms and what widens the band most, strong
+    scaling, then every point."""
     overheads = overheads or Overheads()
     nbytes = sum(layer.nbytes for layer in layers)
     if measured:
@@ -725,6 +817,8 @@ def summary(rows, args, cluster, layers, rate, measured=None, overheads=None, st
         lines.append("- efficiency (low-high): the inputs at their pessimistic and optimistic "
                      "ends; a best choice only where no other's band reaches it")
     lines += ["", "## Best choice at each scale", "", *_table(rows)]
+    if args.band and best(rows)[-1]["np"] > 1:
+        lines += ["", band_text(best(rows)[-1], spans)]
     if strong_rows:
         lines += ["", f"## Strong scaling: a global batch of {args.global_batch}", "",
                   *_table(strong_rows, extra=lambda r: f" x {r['batch']}")]

@@ -173,7 +173,7 @@ def predict(grads, forward_s, backward_s, p, cluster, algo, policy, bucket_mb=25
     late = sum(t.nbytes for t in transfers if t.end > backward_s + 1e-12)
     total = sum(t.nbytes for t in transfers) or 1
     terms = {"compute_s": compute, "exposed_s": exposed, "negotiation_s": negotiation,
-             "slowdown_s": (overheads.slowdown.value - 1) * overlapped(transfers, backward_s),
+             "slowdown_s": (overheads.slowdown_at(nodes) - 1) * overlapped(transfers, backward_s),
              "tail_s": overheads.update_s.value * late / total,
              "straggler_s": overheads.spread.value * compute * expected_max(p),
              "residual_s": overheads.residual_s(compute, p)}
