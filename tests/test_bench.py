@@ -314,11 +314,23 @@ def test_bench_torch_distributed_times_hpctrain_beside_gloo_with_every_result_ex
     (["--against", "nccl"], "--against nccl does not take cpu tensors: use --against gloo"),
     (["--device", "cuda", "--against", "none"], "--device cuda"),
 ])
-def test_bench_torch_distributed_refuses_what_it_cannot_run_on_every_rank(mpirun, hpctrain_cmd,
-                                                                          args, says):
+def test_bench_torch_distributed_refuses_what_it_cannot_run(args, says):
+    from mpi4py import MPI
+
+    from hpctrain.bench import torch_distributed
+    from hpctrain.errors import Verdict
+
     if "cuda" in args and torch.cuda.is_available():
         pytest.skip("this machine has a GPU: --device cuda is no error here")
-    result = mpirun(2, [*hpctrain_cmd, "bench", "torch-distributed", *args], timeout=120)
+    parsed = build_parser().parse_args(["bench", "torch-distributed", *args])
+    against = parsed.against or torch_distributed.AGAINST[parsed.device]
+    with pytest.raises(Verdict, match=re.escape(says)):
+        torch_distributed.check_arguments(parsed, against, MPI.COMM_SELF)
+
+
+def test_bench_torch_distributed_refuses_on_every_rank_before_it_starts(mpirun, hpctrain_cmd):
+    result = mpirun(2, [*hpctrain_cmd, "bench", "torch-distributed", "--against", "nccl"],
+                    timeout=120)
     assert result.returncode == 2, result.output
-    assert result.output.count(says) == 1, result.output
+    assert result.output.count("--against nccl does not take cpu tensors") == 1, result.output
     assert "Traceback" not in result.output, result.output
