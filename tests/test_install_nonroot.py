@@ -329,6 +329,7 @@ def cluster_user(request):
 
 
 @pytest.mark.alone
+@pytest.mark.beside_setup
 @pytest.mark.slow
 @pytest.mark.timeout(USER_SETUP_TIMEOUT + 2 * USER_RUN_TIMEOUT + ADMIN_TIMEOUT)
 def test_user_without_root_sets_up_against_the_module_mpi(cluster_user):
