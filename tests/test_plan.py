@@ -184,3 +184,32 @@ def test_horovods_published_efficiencies_term_by_term():
     assert {(r["model"], r["gpus"]) for r in rows if abs(r["difference"]) > 5} == \
         {("vgg16", 512)}
     assert sum(map(plan.inside_band, rows)) == 5
+
+
+def test_a_plot_that_fails_half_written_leaves_the_old_one_and_no_stray_file(tmp_path,
+                                                                              monkeypatch):
+    # Every file a command writes goes through atomic_path: a disk that fills while
+    # plan.png is being written must leave the previous plan.png as it was, whole, and no
+    # temporary file beside it.
+    from matplotlib.figure import Figure
+
+    from hpctrain.cli import build_parser
+
+    argv = ["study", "plan", "--out", str(tmp_path), "--model", "inception_v3",
+            "--samples-per-s", "142", "--ranks", "4", "--intra", "pcie", "--inter", "25gbe"]
+    args = build_parser().parse_args(argv)
+    args.func(args)
+    before = {path.name: path.read_bytes() for path in tmp_path.iterdir()}
+    assert {"plan.png", "timeline.png", "plan.json", "summary.md"} <= set(before)
+
+    def half_then_full_disk(self, target, **options):
+        with open(target, "wb") as f:
+            f.write(b"\x89PNG\r\n\x1a\n half a picture")
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(Figure, "savefig", half_then_full_disk)
+    args = build_parser().parse_args(argv)
+    with pytest.raises(OSError, match="No space left"):
+        args.func(args)
+    after = {path.name: path.read_bytes() for path in tmp_path.iterdir()}
+    assert set(after) == set(before), "no temporary file left behind"
+    assert after["plan.png"] == before["plan.png"]

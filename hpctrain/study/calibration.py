@@ -14,12 +14,12 @@ line naming the run and an example of a good one (``UsageError``: exit 2).
 """
 
 import functools
-import json
 import math
 import os
 import tomllib
 from dataclasses import asdict, dataclass, replace
 
+from ..data.atomic import write_json, write_text
 from ..errors import UsageError
 from . import defaults as defaults_mod
 from . import links, plan
@@ -312,12 +312,11 @@ def run_horovod(args):
         *table(planning), "", ""]) + plan.horovod_markdown(rows, cluster, args.fusion_mb,
                                                            cycle_ms)
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "horovod.md"), "w") as f:
-        f.write(text)
-    with open(os.path.join(args.out, "horovod.json"), "w") as f:
-        json.dump({"planning": planning, "cluster": cluster.description,
-                   "overheads": asdict(plan.HOROVOD_OVERHEADS),
-                   "speedup_16": plan.HOROVOD_16_GPUS, "rows": rows}, f, indent=1)
+    write_text(os.path.join(args.out, "horovod.md"), text)
+    write_json(os.path.join(args.out, "horovod.json"),
+               {"planning": planning, "cluster": cluster.description,
+                "overheads": asdict(plan.HOROVOD_OVERHEADS),
+                "speedup_16": plan.HOROVOD_16_GPUS, "rows": rows})
     print(text)
     return 0
 
@@ -336,13 +335,11 @@ def run(args):
     rows = calibrate(runs, defaults)
     text = markdown(rows, defaults)
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "calibration.md"), "w") as f:
-        f.write(text)
-    with open(os.path.join(args.out, "calibration.json"), "w") as f:
-        json.dump({"defaults": {t: asdict(defaults.figures[t]) for t in defaults_mod.TERMS},
-                   "rows": rows,
-                   "scores": {name: scores([r for r in rows if r["set"] == name])
-                              for name in SETS if any(r["set"] == name for r in rows)}},
-                  f, indent=1)
+    write_text(os.path.join(args.out, "calibration.md"), text)
+    write_json(os.path.join(args.out, "calibration.json"),
+               {"defaults": {t: asdict(defaults.figures[t]) for t in defaults_mod.TERMS},
+                "rows": rows,
+                "scores": {name: scores([r for r in rows if r["set"] == name])
+                           for name in SETS if any(r["set"] == name for r in rows)}})
     print(text)
     return 0

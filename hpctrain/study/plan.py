@@ -26,6 +26,7 @@ from dataclasses import asdict, replace
 
 from .. import models
 from ..collectives import cost
+from ..data.atomic import write_json, write_text
 from ..errors import UsageError
 from . import architectures, links
 from . import defaults as defaults_mod
@@ -573,17 +574,16 @@ def run(args):
     cluster = cluster_at("point")
     os.makedirs(args.out, exist_ok=True)
     text = summary(rows, args, cluster, layers, rate, measured, overheads, strong_rows, spans)
-    with open(os.path.join(args.out, "summary.md"), "w") as f:
-        f.write(text)
+    write_text(os.path.join(args.out, "summary.md"), text)
     inputs = {"model": args.model, "input": shape, "batch": args.batch,
               "samples_per_s": rate.value, "samples_per_s_range": [rate.low, rate.high],
               "cluster": cluster.description,
               "links": _link_figures(args), "params": cluster.params.as_dict(),
               "overheads": asdict(overheads),
               "compute": asdict(measured) if measured else None}
-    with open(os.path.join(args.out, "plan.json"), "w") as f:
-        json.dump({**inputs, "layers": [asdict(layer) for layer in layers], "rows": rows,
-                   "strong": strong_rows}, f, indent=1)
+    write_json(os.path.join(args.out, "plan.json"),
+               {**inputs, "layers": [asdict(layer) for layer in layers], "rows": rows,
+                "strong": strong_rows})
     write_hdf5(os.path.join(args.out, "plan.h5"), rows, layers,
                {key: value for key, value in inputs.items()
                 if key in ("model", "batch", "samples_per_s", "cluster", "params")})
@@ -837,10 +837,9 @@ def summary(rows, args, cluster, layers, rate, measured=None, overheads=None, st
 
 
 def _plots(rows, out):
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from . import plots   # chooses matplotlib's Agg backend
 
     choices_ = sorted({label(r) for r in rows})
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -859,9 +858,7 @@ def _plots(rows, out):
         ax.grid(True, alpha=0.3)
     axes[1].set_yscale("log")
     axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out, "plan.png"), dpi=110)
-    plt.close(fig)
+    plots.save(fig, os.path.join(out, "plan.png"))
     top = best(rows)[-1]
     fig, ax = plt.subplots(figsize=(9, 2.6))
     compute = top["compute_s"]
@@ -873,6 +870,4 @@ def _plots(rows, out):
     ax.set_xlabel("seconds into the step")
     ax.set_title(f"p = {top['np']}, {label(top)}: step {1000 * top['step_s']:.1f} ms, exposed "
                  f"{1000 * top['exposed_s']:.1f} ms")
-    fig.tight_layout()
-    fig.savefig(os.path.join(out, "timeline.png"), dpi=110)
-    plt.close(fig)
+    plots.save(fig, os.path.join(out, "timeline.png"))
