@@ -19,10 +19,11 @@ from functools import partial
 
 import numpy as np
 
-from .. import collectives, mpi_support, tags
+from .. import collectives, tags
 from ..collectives.algorithm import BenchCommand, BenchPlugin
 from ..devices import synchronize
 from ..errors import UsageError
+from ..mpi import cuda as mpi_cuda
 from .extras import Extras, chosen
 from .sizes import format_size
 
@@ -65,7 +66,7 @@ class AllreduceExtras(Extras):
         memory crashes on it (a segmentation fault, not an exception)."""
         if device.type != "cuda":
             return {}
-        self.awareness = mpi_support.cuda_awareness(comm)
+        self.awareness = mpi_cuda.cuda_awareness(comm)
         return {"cuda_aware_mpi": str(self.awareness)}
 
     def begin(self, args, comm):
@@ -119,7 +120,7 @@ def sendrecv_path(buf, awareness):
     """How the Sendrecv reference moves ``buf``: ``host`` (a host buffer), ``direct`` (device
     memory straight to a CUDA-aware MPI) or ``staged`` (through host memory).
 
-    ``awareness`` is :func:`hpctrain.mpi_support.cuda_awareness`'s answer. Only a definite
+    ``awareness`` is :func:`hpctrain.mpi.cuda.cuda_awareness`'s answer. Only a definite
     yes goes direct: an MPI that cannot read device memory crashes the process on it, while
     staging is only slower (the collectives decide the same way)."""
     if not getattr(buf, "is_cuda", False):

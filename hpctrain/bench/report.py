@@ -11,9 +11,11 @@ import platform
 
 import numpy as np
 
-from .. import __version__, mpi_support
+from .. import __version__
 from ..data.atomic import atomic_path
 from ..info import versions
+from ..mpi.library import library_version
+from ..mpi.waiting import describe_waiting
 
 #: The columns of a collective's table, as its JSON and HDF5 outputs name them.
 COLUMNS = ("size", "count", "type", "redop", "algo", "time_min_us", "time_avg_us",
@@ -34,8 +36,8 @@ def header_lines(title, settings, comm):
     lines.append("# " + "  ".join(f"{key} {value}" for key, value in settings.items()))
     found = versions()
     lines.append("# " + "  ".join(f"{name} {found[name] or '-'}" for name in found))
-    lines.append(f"# MPI: {mpi_support.library_version()}")
-    lines.append(f"# MPI waiting: {mpi_support.describe_waiting()}")
+    lines.append(f"# MPI: {library_version()}")
+    lines.append(f"# MPI waiting: {describe_waiting()}")
     lines += [f"#  Rank {rank:3d} Pid {pid:7d} on {host}" for rank, (host, pid) in enumerate(ranks)]
     return lines
 
@@ -72,8 +74,8 @@ def footer_lines(rows, algos, wrong, checked):
 
 def environment():
     """Versions and platform, for the machine-readable outputs."""
-    return {"versions": versions(), "mpi": mpi_support.library_version(),
-            "mpi_waiting": mpi_support.describe_waiting(), "machine": platform.machine(),
+    return {"versions": versions(), "mpi": library_version(),
+            "mpi_waiting": describe_waiting(), "machine": platform.machine(),
             "cpus": os.cpu_count()}
 
 

@@ -14,7 +14,7 @@ from hpctrain.bench import allreduce as bench
 from hpctrain.bench import driver
 from hpctrain.cli import build_parser
 from hpctrain.devices import node_local_rank
-from hpctrain.mpi_support import CudaAwareness, cuda_awareness
+from hpctrain.mpi.cuda import CudaAwareness, cuda_awareness
 
 pytestmark = GPU_MODULE
 
@@ -66,7 +66,7 @@ def test_bench_on_cuda_stages_the_sendrecv_reference_where_mpi_is_not_cuda_aware
     # Told "not CUDA-aware" (true of most MPIs; forced here so that a CUDA-aware one runs it
     # too), the reference must never give device memory to mpi4py.
     told = CudaAwareness(False, "told so by the test")
-    monkeypatch.setattr(bench.mpi_support, "cuda_awareness", lambda comm=None: told)
+    monkeypatch.setattr(bench.mpi_cuda, "cuda_awareness", lambda comm=None: told)
     out = COMM.bcast(str(tmp_path / "staged.json"), root=0)
     wrong = driver.run("allreduce", bench_args("-b", "8", "-e", "64", "--json", out), COMM)
     failures = [] if wrong == 0 else [f"{wrong} wrong values"]
