@@ -30,7 +30,7 @@ from ..data import HDF5Dataset
 from ..data.atomic import write_json, write_text
 from ..errors import UsageError
 from ..train.config import load_config
-from . import plan, step
+from . import plan, planner, step
 
 #: The largest relative error of samples/s that counts as a good prediction.
 LINE = 0.15
@@ -68,7 +68,7 @@ def train_layers(config):
                          f"HDF5 --data file, whose sample shape and classes can be read")
     with HDF5Dataset(config.data, config.x, config.y) as data:
         shape, classes = data.sample_shape, data.num_classes
-    layers, _ = plan.model_layers(config.model, shape, classes=classes, hidden=config.hidden,
+    layers, _ = planner.model_layers(config.model, shape, classes=classes, hidden=config.hidden,
                                   model_mb=config.model_mb)
     return layers
 
