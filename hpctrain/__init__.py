@@ -15,7 +15,7 @@ import os as _os
 _os.environ.setdefault("OMPI_MCA_opal_warn_on_missing_libcuda", "0")
 
 # Before MPI_Init reads it: whether a rank waiting in MPI yields its core to the computing
-# threads (hpctrain.mpi_support.wait_policy says when and why). A setting of the user's wins.
-from . import mpi_support as _mpi_support  # noqa: E402
+# threads (hpctrain.mpi.waiting.wait_policy says when and why). A setting of the user's wins.
+from .mpi import waiting as _waiting  # noqa: E402
 
-_mpi_support.apply_wait_policy()
+_waiting.apply_wait_policy()

@@ -50,3 +50,12 @@ def rank_device(kind, comm):
     device = torch.device("cuda", node_local_rank(comm) % torch.cuda.device_count())
     torch.cuda.set_device(device)
     return device
+
+
+def synchronize(buf):
+    """Wait until the work queued on ``buf``'s device is done (a CUDA tensor); nothing for
+    a host tensor. A timer read after it counts the device's work, not only its queueing."""
+    if buf.is_cuda:
+        import torch
+
+        torch.cuda.synchronize(buf.device)

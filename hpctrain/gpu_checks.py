@@ -62,7 +62,7 @@ def horovod_cuda_problem(cuda_built, nccl_version, mpi_cuda_aware, option):
 
     ``cuda_built``: ``hvd.cuda_built()``; ``nccl_version``: ``hvd.nccl_built()`` (0 without
     NCCL, else NCCL's version code); ``mpi_cuda_aware``: the ``aware`` field of
-    :func:`hpctrain.mpi_support.cuda_awareness` (``True``, ``False`` or ``None``)."""
+    :func:`hpctrain.mpi.cuda.cuda_awareness` (``True``, ``False`` or ``None``)."""
     if not cuda_built:
         return (f"{option}: this Horovod is built without GPU operations (hvd.cuda_built() is "
                 f"false), so it cannot reduce CUDA tensors. Rebuild it with "
@@ -133,7 +133,7 @@ def check_horovod_cuda(comm, option="--allreduce horovod with --device cuda"):
 def _horovod_problem(comm, on_node, option):
     import torch
 
-    from .mpi_support import cuda_awareness
+    from .mpi.cuda import cuda_awareness
 
     try:
         import horovod.torch as hvd

@@ -8,7 +8,11 @@ import os
 import platform
 import socket
 
-from . import __version__, faults, mpi_support
+from . import __version__, faults
+from .mpi import cuda as mpi_cuda
+from .mpi.library import library_version, standard_version
+from .mpi.ulfm import fault_tolerance
+from .mpi.waiting import describe_waiting
 from .devices import node_local_rank
 
 PACKAGES = ("torch", "mpi4py", "numpy", "h5py", "horovod")
@@ -35,9 +39,9 @@ def run(args):
     faults.inject("info.gather", comm.rank)
     ranks = comm.gather(me, root=0)  # synchronisation point: rank 0 waits for every rank
     if comm.rank == 0:
-        print(format_table(ranks, mpi_support.library_version(),
-                           mpi_support.standard_version(), mpi_support.cuda_awareness(comm),
-                           horovod_build(), mpi_support.fault_tolerance()), flush=True)
+        print(format_table(ranks, library_version(),
+                           standard_version(), mpi_cuda.cuda_awareness(comm),
+                           horovod_build(), fault_tolerance()), flush=True)
     faults.inject("info.done", comm.rank)
     return 0
 
@@ -58,7 +62,7 @@ def describe_rank(comm):
     local_rank = node_local_rank(comm)
     return {"rank": comm.rank, "host": socket.gethostname(), "pid": os.getpid(),
             "local_rank": local_rank, "gpu": gpu_for(local_rank), "versions": versions(),
-            "driver": mpi_support.cuda_driver()}
+            "driver": mpi_cuda.cuda_driver()}
 
 
 def gpu_for(local_rank):
@@ -92,7 +96,7 @@ def horovod_build():
 
 def format_table(ranks, library, standard, cuda, horovod, fault_tolerance=None):
     """The ``info`` table, from every rank's ``describe_rank`` and rank 0's library facts
-    (``fault_tolerance``: a :class:`~hpctrain.mpi_support.FaultTolerance`, or ``None``)."""
+    (``fault_tolerance``: a :class:`~hpctrain.mpi.ulfm.FaultTolerance`, or ``None``)."""
     ours = ranks[0]["versions"]
     lines = [f"hpctrain info: {len(ranks)} rank{'s' if len(ranks) != 1 else ''}", "",
              "versions (rank 0)"]
@@ -101,14 +105,14 @@ def format_table(ranks, library, standard, cuda, horovod, fault_tolerance=None):
     lines.append(f"  same on every rank: {'yes' if not differing else f'NO, ranks {differing}'}")
     lines += ["", f"MPI library      {library} (MPI {standard})",
               f"world size       {len(ranks)}",
-              f"MPI waiting      {mpi_support.describe_waiting()}",
+              f"MPI waiting      {describe_waiting()}",
               f"MPI CUDA support {cuda}"]
     drivers = [r.get("driver") for r in ranks]
     if all(drivers):
         # The three things a device buffer handed to MPI needs, told apart.
         lines += [f"CUDA driver      {_format_drivers(drivers)}",
                   f"GPUs visible     {_format_gpus(drivers)}"]
-        ok, missing = mpi_support.device_memory_verdict(cuda, drivers)
+        ok, missing = mpi_cuda.device_memory_verdict(cuda, drivers)
         word = {True: "yes", False: "no", None: "unknown"}[ok]
         lines.append(f"device buffers   {word}{': ' + missing if missing else ''} "
                      f"(MPI gets CUDA memory only with all three)")

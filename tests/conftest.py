@@ -24,7 +24,7 @@ from hpctrain import launch as launching
 from hpctrain.collectives import ALGORITHMS
 from hpctrain.data import synthetic
 from hpctrain.launch import launch_environment, mpirun_command
-from hpctrain.mpi_support import fault_tolerance
+from hpctrain.mpi.ulfm import fault_tolerance
 from hpctrain.train import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]

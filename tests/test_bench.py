@@ -105,7 +105,7 @@ def test_bench_allreduce_rejects_an_unknown_algorithm_on_every_rank(mpirun, hpct
     result = mpirun(2, [*hpctrain_cmd, "bench", "allreduce", "--algos", "ring,rign"],
                     timeout=60)
     assert result.returncode == 2
-    assert "unknown algorithm(s) rign in --algos; valid:" in result.output
+    assert "unknown allreduce algorithm(s) rign in --algos; valid:" in result.output
     assert "Traceback" not in result.output
 
 

@@ -20,7 +20,7 @@ import pytest
 from conftest import REPO, run_bounded
 from hpctrain.launch import launch_environment, mpirun_command
 from hpctrain.info import format_table
-from hpctrain.mpi_support import ULFM_SYMBOLS, FaultTolerance, elf_symbols, fault_tolerance
+from hpctrain.mpi.ulfm import ULFM_SYMBOLS, FaultTolerance, elf_symbols, fault_tolerance
 from test_install_nonroot import missing_lines, quick_setup
 
 PROGRAM = REPO / "tests" / "programs" / "ulfm_shrink.py"
@@ -82,7 +82,7 @@ def test_fault_tolerance_says_no_for_the_default_stack():
 def test_fault_tolerance_says_yes_for_the_ft_stack_without_initialising_mpi(ft_python):
     # In a Python of its own, to see what the call leaves in its caller: no mpi4py.MPI.
     done = subprocess.run(
-        [ft_python, "-c", "import sys; from hpctrain.mpi_support import fault_tolerance\n"
+        [ft_python, "-c", "import sys; from hpctrain.mpi.ulfm import fault_tolerance\n"
                           "print(*fault_tolerance(), sep='\\n')\n"
                           "print('mpi4py.MPI' in sys.modules)"],
         capture_output=True, text=True, timeout=60, check=True)

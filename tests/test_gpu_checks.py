@@ -11,7 +11,7 @@ from mpi4py import MPI
 from hpctrain import gpu_checks
 from hpctrain.bench import allreduce as bench
 from hpctrain.errors import UsageError
-from hpctrain.mpi_support import CudaAwareness
+from hpctrain.mpi.cuda import CudaAwareness
 
 OPTION = "--device cuda"
 
@@ -196,7 +196,7 @@ def test_info_points_ranks_with_a_gpu_to_a_cuda_aware_mpi():
 # ----- hpctrain info: a CUDA-aware library, a driver, a GPU — told apart ---------------------
 
 def test_device_buffers_need_a_cuda_aware_library_a_driver_and_a_gpu_on_every_rank():
-    from hpctrain.mpi_support import CudaDriver, device_memory_verdict
+    from hpctrain.mpi.cuda import CudaDriver, device_memory_verdict
 
     gpu = CudaDriver(True, 1, "CUDA driver API 12.4")
     no_gpu = CudaDriver(True, 0, "CUDA driver API 12.4")
@@ -217,7 +217,7 @@ def test_device_buffers_need_a_cuda_aware_library_a_driver_and_a_gpu_on_every_ra
 
 def test_info_says_which_of_the_three_is_missing():
     from hpctrain.info import format_table
-    from hpctrain.mpi_support import CudaDriver
+    from hpctrain.mpi.cuda import CudaDriver
 
     build = {"error": "not importable"}
     ranks = _ranks("-")

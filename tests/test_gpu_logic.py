@@ -12,9 +12,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hpctrain import info, mpi_support
+from hpctrain import info
+from hpctrain.mpi import cuda as mpi_cuda
 from hpctrain.collectives import ALGORITHMS, DTYPES, context
-from hpctrain.mpi_support import CudaAwareness
+from hpctrain.mpi.cuda import CudaAwareness
 from hpctrain.train import TrainConfig
 from hpctrain.train.build import device as _device
 
@@ -92,7 +93,7 @@ def test_ompi_info_answers_from_the_built_with_cuda_line(tmp_path, monkeypatch, 
                    "mca:opal:base:param:opal_built_with_cuda_support:value:false",
                    f"mca:mpi:base:param:mpi_built_with_cuda_support:value:{value}",
                    "mca:mpi:base:param:mpi_built_with_cuda_support:source:default")
-    answer = mpi_support._from_ompi_info(None)
+    answer = mpi_cuda._from_ompi_info(None)
     assert answer.aware is aware
     assert answer.method == ("ompi_info: mca:mpi:base:param:mpi_built_with_cuda_support:value:"
                              + value)
@@ -100,9 +101,9 @@ def test_ompi_info_answers_from_the_built_with_cuda_line(tmp_path, monkeypatch, 
 
 def test_ompi_info_without_the_line_or_missing_gives_no_answer(tmp_path, monkeypatch):
     fake_ompi_info(tmp_path, monkeypatch, "package:Open MPI")
-    assert mpi_support._from_ompi_info(None) is None
+    assert mpi_cuda._from_ompi_info(None) is None
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    assert mpi_support._from_ompi_info(None) is None
+    assert mpi_cuda._from_ompi_info(None) is None
 
 
 class InfoComm:
@@ -123,7 +124,7 @@ class InfoComm:
                                           ("mpi,system", False), (None, None)])
 def test_the_mpi_4_1_alloc_kinds_key(kinds, aware):
     comm = InfoComm(kinds)
-    answer = mpi_support._from_alloc_kinds(comm)
+    answer = mpi_cuda._from_alloc_kinds(comm)
     assert comm.freed == 1, "the info object is freed"
     if aware is None:
         assert answer is None
@@ -132,8 +133,8 @@ def test_the_mpi_4_1_alloc_kinds_key(kinds, aware):
 
 
 def test_the_mpix_query_is_asked_of_open_mpi_only(monkeypatch):
-    monkeypatch.setattr(mpi_support, "library_version", lambda: "MPICH Version: 4.1.2")
-    assert mpi_support._from_mpix_query(None) is None
+    monkeypatch.setattr(mpi_cuda, "library_version", lambda: "MPICH Version: 4.1.2")
+    assert mpi_cuda._from_mpix_query(None) is None
 
 
 @pytest.mark.parametrize("answers, expected", [
@@ -145,15 +146,15 @@ def test_the_first_method_that_answers_decides(monkeypatch, answers, expected):
     names = ("alloc kinds", "MPIX", "ompi_info")
     for probe, answer, name in zip(("_from_alloc_kinds", "_from_mpix_query", "_from_ompi_info"),
                                    answers, names):
-        monkeypatch.setattr(mpi_support, probe, lambda comm, answer=answer, name=name:
+        monkeypatch.setattr(mpi_cuda, probe, lambda comm, answer=answer, name=name:
                             None if answer is None else CudaAwareness(answer, name))
-    assert mpi_support.cuda_awareness() == expected
+    assert mpi_cuda.cuda_awareness() == expected
 
 
 def test_no_method_is_unknown_and_says_so(monkeypatch):
     for probe in ("_from_alloc_kinds", "_from_mpix_query", "_from_ompi_info"):
-        monkeypatch.setattr(mpi_support, probe, lambda comm: None)
-    answer = mpi_support.cuda_awareness()
+        monkeypatch.setattr(mpi_cuda, probe, lambda comm: None)
+    answer = mpi_cuda.cuda_awareness()
     assert answer.aware is None and str(answer).startswith("unknown (no method available")
 
 
@@ -176,7 +177,7 @@ def self_context(monkeypatch):
     comms = []
 
     def make(aware):
-        monkeypatch.setattr(mpi_support, "cuda_awareness",
+        monkeypatch.setattr(mpi_cuda, "cuda_awareness",
                             lambda comm=None: CudaAwareness(aware, "test"))
         comms.append(MPI.COMM_SELF.Dup())
         return context(comms[-1])
@@ -217,10 +218,10 @@ STAGED_PROGRAM = textwrap.dedent("""
     import numpy as np
     import torch
     from mpi4py import MPI
-    from hpctrain import mpi_support
+    from hpctrain.mpi import cuda as mpi_cuda
     from hpctrain.collectives import ALGORITHMS, DTYPES, OPS, allreduce, buffers, context
 
-    mpi_support.cuda_awareness = lambda comm=None: mpi_support.CudaAwareness(False, "test")
+    mpi_cuda.cuda_awareness = lambda comm=None: mpi_cuda.CudaAwareness(False, "test")
     allocations = []
 
     def host_pinned(ctx, dtype, count):

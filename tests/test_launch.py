@@ -14,7 +14,7 @@ import pytest
 from conftest import REPO, MpirunHung, assert_ended_by, run_bounded, seconds_after_fault
 from hpctrain.launch import (PROGRESS_TTY, kill_launch, launch_environment, mpirun_command,
                              split_options)
-from hpctrain.mpi_support import WAIT_POLICY, YIELD_WHEN_IDLE, apply_wait_policy, wait_policy
+from hpctrain.mpi.waiting import WAIT_POLICY, YIELD_WHEN_IDLE, apply_wait_policy, wait_policy
 
 FAULT_TIMEOUT = 60  # s: a normal 3-rank info launch takes well under 20 s here
 FAIL_WITHIN = 10    # s from the fault to the end of the job: MPI_Abort, not a time-out

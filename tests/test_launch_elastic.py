@@ -28,7 +28,7 @@ from hpctrain.launch import elastic as launcher
 from hpctrain.launch import hosts as hostlists
 from hpctrain.launch import launch_environment
 from hpctrain.launch.__main__ import main as launch_main
-from hpctrain.mpi_support import FaultTolerance
+from hpctrain.mpi.ulfm import FaultTolerance
 
 LAUNCHER = [sys.executable, "-m", "hpctrain.launch", "--elastic"]
 COUNTER = [sys.executable, str(REPO / "tests" / "programs" / "elastic_counter.py")]

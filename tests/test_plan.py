@@ -9,7 +9,7 @@ import pytest
 
 from hpctrain.collectives import cost
 from hpctrain.errors import UsageError
-from hpctrain.study import architectures, links, plan, step
+from hpctrain.study import architectures, horovod_published, links, planner, step
 from hpctrain.study.architectures import Layer
 
 
@@ -81,8 +81,8 @@ def test_horovod_fuses_what_is_ready_at_each_cycle_up_to_the_buffer():
 
 def test_one_rank_reduces_nothing_and_is_the_reference():
     layers = [Layer("a", 1 << 20, 1.0)]
-    cluster = plan.link_cluster(4, "pcie", "25gbe")
-    rows = plan.plan(layers, 32, 100.0, cluster, 8, ["ring"], ["hpctrain"])
+    cluster = planner.link_cluster(4, "pcie", "25gbe")
+    rows = planner.plan(layers, 32, 100.0, cluster, 8, ["ring"], ["hpctrain"])
     assert [r["np"] for r in rows] == [1, 2, 4, 8]
     assert rows[0]["exposed_s"] == 0 and rows[0]["efficiency"] == 1.0
     assert rows[0]["samples_per_s"] == pytest.approx(100.0)
@@ -93,30 +93,30 @@ def test_one_rank_reduces_nothing_and_is_the_reference():
 
 def test_link_presets_become_cost_parameters():
     # By name at the nominal line rate (what a simulated fabric is built of) ...
-    cluster = plan.link_cluster(8, "nvlink", "ib-edr", efficiency=0.5, adapters=2)
+    cluster = planner.link_cluster(8, "nvlink", "ib-edr", efficiency=0.5, adapters=2)
     assert cluster.params.beta == pytest.approx(1 / 75e9)
     assert cluster.params.beta_inter == pytest.approx(1 / 12.5e9)
     assert cluster.params.alpha_inter == pytest.approx(1.5e-6)
     # ... and as the plan charges them: the busbw reached in practice, at either end.
     edr = links.link("ib-edr", "--inter")
-    cluster = plan.links_cluster(8, links.link("nvlink-a100", "--intra"), edr, adapters=2)
+    cluster = planner.links_cluster(8, links.link("nvlink-a100", "--intra"), edr, adapters=2)
     assert cluster.params.beta == pytest.approx(1 / 230e9)
     assert cluster.params.beta_inter == pytest.approx(1 / 24e9)
-    assert plan.links_cluster(1, edr.at("low"), edr.at("low")).params.beta == \
+    assert planner.links_cluster(1, edr.at("low"), edr.at("low")).params.beta == \
         pytest.approx(1 / 11e9)
     assert "hierarchical" in cost.modelled()
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda: plan.rank_counts(512, 3), "not a whole number of nodes of 3 ranks: give a "
+    (lambda: planner.rank_counts(512, 3), "not a whole number of nodes of 3 ranks: give a "
                                        "multiple of 3"),
-    (lambda: plan.rank_counts(8192, 8), "between 1 and 4096"),
-    (lambda: plan.link_cluster(4, "pcie", "30gbe"), "unknown link '30gbe'; presets: nvlink"),
+    (lambda: planner.rank_counts(8192, 8), "between 1 and 4096"),
+    (lambda: planner.link_cluster(4, "pcie", "30gbe"), "unknown link '30gbe'; presets: nvlink"),
     (lambda: links.link("30gbe", "--inter"), "--inter '30gbe': give a preset .* or "
                                               "RATE.,LATENCY., e.g. --inter 50gbit,5us"),
-    (lambda: plan.strong_counts(1000, 64), "give a multiple of --batch 64"),
-    (lambda: plan.model_layers("resnet18"), "unknown model 'resnet18': give one of resnet50"),
-    (lambda: plan.model_layers("torch.nn:Linear"), "give --input C,H,W"),
+    (lambda: planner.strong_counts(1000, 64), "give a multiple of --batch 64"),
+    (lambda: planner.model_layers("resnet18"), "unknown model 'resnet18': give one of resnet50"),
+    (lambda: planner.model_layers("torch.nn:Linear"), "give --input C,H,W"),
 ])
 def test_bad_input_names_what_is_wrong_and_what_would_be_right(call, message):
     with pytest.raises(UsageError, match=message.replace("(", r"\(")):
@@ -167,7 +167,7 @@ def test_the_command_writes_its_report(tmp_path):
 
 
 def test_horovods_published_efficiencies_term_by_term():
-    rows, _ = plan.horovod_benchmark()
+    rows, _ = horovod_published.horovod_benchmark()
     assert len(rows) == 6
     for row in rows:
         # Every term only adds to the step; the band holds the prediction.
@@ -183,4 +183,33 @@ def test_horovods_published_efficiencies_term_by_term():
     assert abs(sum(differences) / len(rows)) <= 3
     assert {(r["model"], r["gpus"]) for r in rows if abs(r["difference"]) > 5} == \
         {("vgg16", 512)}
-    assert sum(map(plan.inside_band, rows)) == 5
+    assert sum(map(horovod_published.inside_band, rows)) == 5
+
+
+def test_a_plot_that_fails_half_written_leaves_the_old_one_and_no_stray_file(tmp_path,
+                                                                              monkeypatch):
+    # Every file a command writes goes through atomic_path: a disk that fills while
+    # plan.png is being written must leave the previous plan.png as it was, whole, and no
+    # temporary file beside it.
+    from matplotlib.figure import Figure
+
+    from hpctrain.cli import build_parser
+
+    argv = ["study", "plan", "--out", str(tmp_path), "--model", "inception_v3",
+            "--samples-per-s", "142", "--ranks", "4", "--intra", "pcie", "--inter", "25gbe"]
+    args = build_parser().parse_args(argv)
+    args.func(args)
+    before = {path.name: path.read_bytes() for path in tmp_path.iterdir()}
+    assert {"plan.png", "timeline.png", "plan.json", "summary.md"} <= set(before)
+
+    def half_then_full_disk(self, target, **options):
+        with open(target, "wb") as f:
+            f.write(b"\x89PNG\r\n\x1a\n half a picture")
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(Figure, "savefig", half_then_full_disk)
+    args = build_parser().parse_args(argv)
+    with pytest.raises(OSError, match="No space left"):
+        args.func(args)
+    after = {path.name: path.read_bytes() for path in tmp_path.iterdir()}
+    assert set(after) == set(before), "no temporary file left behind"
+    assert after["plan.png"] == before["plan.png"]

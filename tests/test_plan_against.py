@@ -11,7 +11,7 @@ import pytest
 from hpctrain.collectives import cost
 from hpctrain.data import write_arrays
 from hpctrain.errors import UsageError
-from hpctrain.study import plan, plan_against, step
+from hpctrain.study import plan_against, planner, step
 
 # One millisecond per message, 10 µs per byte, nothing per byte reduced: a 200-byte ring
 # allreduce at p = 2 takes 2 messages (2 ms) and 200 bytes on a link (2 ms).
@@ -61,10 +61,10 @@ def against(tmp_path, *folders, params=None, extra=()):
 
 
 def test_the_training_models_have_their_layers():
-    layers, shape = plan.model_layers("mlp", (1, 2, 2), classes=2, hidden=4)
+    layers, shape = planner.model_layers("mlp", (1, 2, 2), classes=2, hidden=4)
     assert shape == (1, 2, 2)
     assert [(layer.nbytes, layer.macs) for layer in layers] == [(80, 16), (80, 16), (40, 8)]
-    wide, _ = plan.model_layers("wide", (1, 8, 8), classes=10, model_mb=4)
+    wide, _ = planner.model_layers("wide", (1, 8, 8), classes=10, model_mb=4)
     assert len(wide) == 5
     assert sum(layer.nbytes for layer in wide) == pytest.approx(4 * 2**20, rel=0.01)
 

@@ -11,7 +11,7 @@ import pytest
 
 from hpctrain.collectives import cost
 from hpctrain.errors import UsageError
-from hpctrain.study import calibration, defaults, plan, step
+from hpctrain.study import calibration, defaults, links, plan, plan_report, planner, step
 from hpctrain.study.architectures import Layer
 from hpctrain.study.overheads import Figure, Overheads, exact
 
@@ -105,9 +105,9 @@ def test_a_malformed_defaults_file_names_the_entry_and_a_good_one(tmp_path, edit
 def test_without_inputs_no_term_is_zero_and_a_given_term_replaces_its_default(tmp_path):
     mine = defaults.load(write(tmp_path, GOOD))
     layers = [Layer("a", 8 << 20, 1.0), Layer("b", 8 << 20, 1.0)]
-    cluster = plan.links_cluster(2, plan.links.PRESETS["pcie3"], plan.links.PRESETS["25gbe"])
+    cluster = planner.links_cluster(2, links.PRESETS["pcie3"], links.PRESETS["25gbe"])
     inputs = mine.overheads()
-    row = plan.plan(layers, 64, 200.0, cluster, 8, ["ring"], ["horovod"], cycle_ms=0,
+    row = planner.plan(layers, 64, 200.0, cluster, 8, ["ring"], ["horovod"], cycle_ms=0,
                     overheads=inputs)[-1]
     for key in ("negotiation_s", "slowdown_s", "straggler_s", "residual_s"):
         assert row[key] > 0, key
@@ -132,11 +132,11 @@ def test_the_widest_input_comes_first_and_is_said_in_words():
     def efficiency(ends):           # two inputs: b moves the efficiency four times as far
         return 0.9 + {"low": -1, "high": 1}.get(ends.get("a"), 0) * 0.01 + \
             {"low": -1, "high": 1}.get(ends.get("b"), 0) * 0.04
-    spans = plan.widest(efficiency, ["a", "b"])
+    spans = planner.widest(efficiency, ["a", "b"])
     assert [name for name, _, _ in spans] == ["b", "a"]
     row = {"np": 64, "algo": "ring", "policy": "ddp", "efficiency_low": 0.82,
            "efficiency_high": 0.97}
-    text = plan.band_text(row, [("share", 0.84, 0.95), ("inter", 0.89, 0.91)])
+    text = plan_report.band_text(row, [("share", 0.84, 0.95), ("inter", 0.89, 0.91)])
     assert text.startswith("At p = 64 (ring / ddp) the efficiency lies between 82 and 97 %: "
                            "mostly the residual no term explains (84.0-95.0 % with it alone")
     assert "a two-node run into --measured-efficiency narrows" in text
@@ -253,7 +253,7 @@ def test_the_band_narrows_as_terms_are_given():
     cluster = step.Cluster(2, cost.Params(1e-6, 1 / 10e9, 1e-11, 5e-6, 1 / 3e9), "test")
 
     def width(inputs):
-        rows = plan.banded(lambda end: plan.plan(
+        rows = planner.banded(lambda end: planner.plan(
             layers, 64, 200.0, cluster, 16, ["ring"], ["horovod"], cycle_ms=0,
             overheads=inputs.at(end) if end != "point" else inputs))
         return rows[-1]["efficiency_high"] - rows[-1]["efficiency_low"]

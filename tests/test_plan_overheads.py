@@ -10,7 +10,7 @@ import pytest
 
 from hpctrain.collectives import cost
 from hpctrain.errors import UsageError
-from hpctrain.study import links, overheads, plan, step
+from hpctrain.study import links, overheads, plan_report, planner, step
 from hpctrain.study.overheads import Figure, Overheads, exact
 
 
@@ -96,14 +96,14 @@ def test_links_by_generation_and_as_rate_and_latency():
 
 
 def test_strong_scaling_splits_the_global_batch_down_to_one_per_rank():
-    assert plan.strong_counts(1024, 64) == [16, 32, 64, 128, 256, 512, 1024]
+    assert planner.strong_counts(1024, 64) == [16, 32, 64, 128, 256, 512, 1024]
     layers = [step_layer()]
-    cluster = plan.links_cluster(1, links.PRESETS["pcie3"], links.PRESETS["25gbe"])
-    rows = plan.strong(layers, 1024, 64, 200.0, cluster, ["ring"], ["hpctrain"])
+    cluster = planner.links_cluster(1, links.PRESETS["pcie3"], links.PRESETS["25gbe"])
+    rows = planner.strong(layers, 1024, 64, 200.0, cluster, ["ring"], ["hpctrain"])
     assert [(r["np"], r["batch"]) for r in rows][0] == (16, 64)
     assert rows[-1]["batch"] == 1 and rows[-1]["compute_s"] == pytest.approx(1 / 200)
     assert rows[-1]["efficiency"] < rows[0]["efficiency"]
-    assert plan.below_half(rows) is not None
+    assert planner.below_half(rows) is not None
 
 
 def step_layer():
@@ -114,20 +114,20 @@ def step_layer():
 
 def test_the_band_holds_the_point_and_rivals_within_it_are_named():
     layers = [step_layer()]
-    ends = {end: plan.links_cluster(1, links.PRESETS["25gbe"].at(end),
+    ends = {end: planner.links_cluster(1, links.PRESETS["25gbe"].at(end),
                                     links.PRESETS["25gbe"].at(end)) for end in
             ("point", "low", "high")}
     inputs = Overheads(spread=Figure(0.01, 0.0, 0.02))
-    rows = plan.banded(lambda end: plan.plan(
+    rows = planner.banded(lambda end: planner.plan(
         layers, 64, 200.0, ends[end], 8, ["ring", "hierarchical"], ["hpctrain"],
         overheads=inputs.at(end)))
     for row in rows:
         assert row["efficiency_low"] <= row["efficiency"] <= row["efficiency_high"]
         if row["np"] > 1:       # the link's range and the spread make a band, not a point
             assert row["efficiency_low"] < row["efficiency"] < row["efficiency_high"], row
-    top = plan.best(rows)[-1]
+    top = planner.best(rows)[-1]
     # One node per rank: ring and hierarchical are the same allreduce, a tie named as such.
-    assert "within the noise" in plan.choice_text(top, rows)
+    assert "within the noise" in plan_report.choice_text(top, rows)
 
 
 def test_a_measured_efficiency_leaves_a_residual_that_stays_or_grows_like_the_slowest():
@@ -154,16 +154,16 @@ def test_the_plan_meets_the_measured_efficiency_at_its_scale_and_the_band_holds_
     from hpctrain.study.architectures import Layer
 
     layers = [Layer("a", 10 << 20, 1.0)]       # 0.98 at 16 ranks without a residual
-    cluster = plan.links_cluster(4, links.PRESETS["pcie3"], links.PRESETS["25gbe"])
+    cluster = planner.links_cluster(4, links.PRESETS["pcie3"], links.PRESETS["25gbe"])
     inputs = Overheads(measured=Figure(0.9, 0.88, 0.92), measured_p=16)
 
     def weak(end):
         def rows(given):
-            return plan.plan(layers, 64, 200.0, cluster, 64, ["ring"], ["hpctrain"],
+            return planner.plan(layers, 64, 200.0, cluster, 64, ["ring"], ["hpctrain"],
                              overheads=given)
-        return rows(plan.solved(rows, inputs.at(end) if end != "point" else inputs,
+        return rows(planner.solved(rows, inputs.at(end) if end != "point" else inputs,
                                 ("ring", "hpctrain")))
-    rows = {r["np"]: r for r in plan.banded(weak)}
+    rows = {r["np"]: r for r in planner.banded(weak)}
     assert rows[16]["efficiency"] == pytest.approx(0.9)
     assert (rows[16]["efficiency_low"], rows[16]["efficiency_high"]) == \
         (pytest.approx(0.88), pytest.approx(0.92))

@@ -219,7 +219,7 @@ def test_predict_writes_both_plots_and_falls_back_like_auto(tmp_path, capsys):
 
 def _capture_figures(monkeypatch):
     saved = {}
-    monkeypatch.setattr(plots, "_save", lambda fig, path: saved.setdefault(path, fig))
+    monkeypatch.setattr(plots, "save", lambda fig, path: saved.setdefault(path, fig))
     return saved
 
 

@@ -1,1 +1,2 @@
-"""Benchmarks modelled on nccl-tests: ``hpctrain bench allreduce`` and ``hpctrain bench p2p``."""
+"""Benchmarks modelled on nccl-tests: ``hpctrain bench <collective>`` (one driver, one plug-in
+per collective), ``hpctrain bench p2p`` and ``hpctrain bench torch-distributed``."""

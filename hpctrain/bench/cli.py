@@ -1,30 +1,19 @@
-"""``hpctrain bench``: the allreduce and point-to-point benchmarks, and one per collective
-plug-in (``blocks.PLUGINS``: allgather, reducescatter, alltoall, broadcast, reduce)."""
+"""``hpctrain bench``: one benchmark per collective plug-in (``blocks.PLUGINS``: allreduce,
+allgather, reducescatter, alltoall, broadcast, reduce), all run by one driver, and the
+point-to-point and ``torch.distributed`` benchmarks."""
 
 from .blocks import PLUGINS
 from .sizes import parse_size
 
 
 def add_parser(subparsers):
-    """Register ``bench allreduce``, one command per collective of ``blocks.PLUGINS`` (its
-    command line is the plug-in's ``command``) and ``p2p``."""
+    """Register one command per collective of ``blocks.PLUGINS`` (its command line is the
+    plug-in's ``command``), ``p2p`` and ``torch-distributed``."""
     parser = subparsers.add_parser(
         "bench", help="benchmarks: allreduce algorithms side by side, point-to-point α/β",
         description="Benchmarks modelled on nccl-tests. Run under mpirun, e.g. "
                     "mpirun -np 4 python -m hpctrain bench allreduce -b 8 -e 64M -f 4")
     kinds = parser.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
-
-    allreduce = kinds.add_parser(
-        "allreduce", help="time every allreduce algorithm per size; check the results",
-        description="Time each algorithm at each size on the same buffers, side by side. "
-                    "Prints a #-header (settings, versions, rank map), one row per size and "
-                    "algorithm (time min/avg/max over ranks, algbw, busbw = algbw*2(p-1)/p, "
-                    "#wrong) and a footer. Exits 1 if any value was wrong.")
-    _common(allreduce, default_min="8", default_max="64M")
-    _collective(allreduce, op=True)
-    allreduce.add_argument("--profile", metavar="PARAMS_JSON",
-                           help="the profile for --algos auto: params.json of a study")
-    allreduce.set_defaults(func=_run_allreduce)
 
     for name, plugin in PLUGINS.items():
         command = plugin.command
@@ -32,14 +21,18 @@ def add_parser(subparsers):
             name, help=f"time every {name} algorithm per size ({command.moves}); check the "
                        f"results",
             description=f"Time each {name} algorithm at each size on the same "
-                        f"{command.buffers}, side by side, as bench allreduce does. "
+                        f"{command.buffers}, side by side. Prints a #-header (settings, "
+                        f"versions, rank map), one row per size and algorithm (time "
+                        f"min/avg/max over ranks, algbw, busbw, #wrong) and a footer; "
                         f"{command.size}. Exits 1 if any value was wrong.")
-        _common(parser_, default_min="1K", default_max="64M")
+        _common(parser_, default_min=command.smallest, default_max="64M")
         _collective(parser_, op=command.op)
         if command.root:
             parser_.add_argument("-r", "--root", type=int, default=0,
                                  help=f"{command.root} (default: 0)")
-        parser_.set_defaults(func=_run_blocks, collective=name)
+        for flags, options in command.options:
+            parser_.add_argument(*flags, **options)
+        parser_.set_defaults(func=_run_collective, collective=name)
 
     p2p = kinds.add_parser(
         "p2p", help="ping-pong latency and bandwidth between ranks 0 and 1 (α and β)",
@@ -102,15 +95,7 @@ def _size(text):
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _run_allreduce(args):
-    from mpi4py import MPI
-
-    from . import allreduce
-
-    return 1 if allreduce.run(args, MPI.COMM_WORLD) else 0
-
-
-def _run_blocks(args):
+def _run_collective(args):
     from mpi4py import MPI
 
     from . import driver

@@ -316,6 +316,8 @@ class BenchCommand(NamedTuple):
     buffers: str = "buffers"  # what each algorithm is timed on
     op: bool = False          # takes -o
     root: str = ""            # the help of -r/--root, where it takes one
+    smallest: str = "1K"      # -b's default
+    options: tuple = ()       # more options: ((flags, argparse keywords), ...)
 
 
 @dataclass(frozen=True)
@@ -336,6 +338,11 @@ class BenchPlugin:
     - ``result(per, rank, p, args, data)``: what ``recv`` must then hold, exactly
       (``data.reduced(count, op)``: every rank's ``data.blocks(count, [rank])`` reduced).
 
+    and optionally ``checked``, the correctness pass's call where it is not ``call``
+    (allreduce's, with the agreement check on), ``bus(p)``, busbw / algbw where
+    :meth:`bus_factor`'s rule does not fit (allreduce: 2(p-1)/p), and ``extras``, the class
+    of what the benchmark does beyond the driver (``hpctrain.bench.extras.Extras``).
+
     Its functions make their data through ``data``, so that declaring one imports no torch:
     the command line is built from the plug-ins before parsing.
     """
@@ -347,6 +354,9 @@ class BenchPlugin:
     result: Callable
     bus_line: str             # "# busbw = ..." with {factor}, {ranks} and {root} to fill
     blocks: bool = True       # the vector is cut into p blocks (not broadcast, reduce)
+    checked: Callable = None
+    bus: Callable = None
+    extras: Callable = None
 
     @property
     def reduces(self):
@@ -365,6 +375,8 @@ class BenchPlugin:
     def bus_factor(self, ranks):
         """nccl-tests' busbw / algbw: (p-1)/p, the share of the vector each rank receives,
         where the vector is cut into blocks; 1 where the whole vector crosses a link."""
+        if self.bus is not None:
+            return self.bus(ranks)
         return (ranks - 1) / ranks if self.blocks else 1.0
 
 

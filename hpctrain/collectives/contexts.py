@@ -74,7 +74,7 @@ class Context:
     def cuda_aware(self):
         """Whether MPI takes CUDA device buffers here (asked once per communicator)."""
         if self._cuda_aware is None:
-            from ..mpi_support import cuda_awareness
+            from ..mpi.cuda import cuda_awareness
 
             self._cuda_aware = cuda_awareness(self.comm).aware is True
         return self._cuda_aware

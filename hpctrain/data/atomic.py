@@ -7,6 +7,7 @@ flush the directory so the rename itself survives a crash.
 """
 
 import contextlib
+import json
 import os
 from pathlib import Path
 
@@ -40,3 +41,15 @@ def _fsync_dir(path):
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_text(path, text):
+    """Write ``text`` to ``path`` whole or not at all (:func:`atomic_path`)."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+
+
+def write_json(path, document, indent=1):
+    """Write ``document`` as JSON (``indent``, no final newline) to ``path`` whole or not at
+    all."""
+    write_text(path, json.dumps(document, indent=indent))

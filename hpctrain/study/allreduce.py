@@ -23,6 +23,7 @@ from . import costmodel, launcher, plots
 from .sweep import machine_lines, rank_counts, say
 from .predict import prediction_table, prediction_markdown
 from .. import collectives
+from ..data.atomic import write_text
 from ..errors import UsageError
 from ..collectives import auto, cost
 
@@ -156,8 +157,8 @@ def write_outputs(out, p2p, rows, repeat, prior, fitted, fit_ranks, all_three, s
     plots.prediction(scale, os.path.join(out, "prediction.png"), title.format("busbw"))
     plots.prediction(scale, os.path.join(out, "prediction_time.png"), title.format("time"),
                      "time_us")
-    with open(os.path.join(out, "summary.md"), "w") as f:
-        f.write(summary(rows, repeat, prior, fitted, fit_ranks, all_three, scale, cores, env))
+    write_text(os.path.join(out, "summary.md"),
+               summary(rows, repeat, prior, fitted, fit_ranks, all_three, scale, cores, env))
 
 
 def summary(rows, repeat, prior, fitted, fit_ranks, all_three, scale, cores, env):

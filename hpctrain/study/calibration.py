@@ -14,15 +14,15 @@ line naming the run and an example of a good one (``UsageError``: exit 2).
 """
 
 import functools
-import json
 import math
 import os
 import tomllib
 from dataclasses import asdict, dataclass, replace
 
+from ..data.atomic import write_json, write_text
 from ..errors import UsageError
 from . import defaults as defaults_mod
-from . import links, plan
+from . import horovod_published, links, plan_report, planner
 from .overheads import Figure, exact
 
 #: The shipped file.
@@ -120,7 +120,7 @@ def _run(path, index, table):
     if given["policy"] not in ("horovod", "ddp", "hpctrain"):
         raise UsageError(f"{where}: policy {given['policy']!r} is not horovod, ddp or "
                          f"hpctrain; e.g. {EXAMPLE}")
-    plan.rank_counts(given["gpus"], given["ranks_per_node"])
+    planner.rank_counts(given["gpus"], given["ranks_per_node"])
     return Run(given["id"], given["set"], given["model"], given["gpus"],
                given["ranks_per_node"], given["intra"], given["inter"], given["batch"], rate,
                efficiency, float(given["pm"]), given["adapters"], given["policy"],
@@ -161,7 +161,7 @@ def _efficiency(where, given, rate):
 
 @functools.cache
 def _layers(model):
-    return plan.model_layers(model)[0]
+    return planner.model_layers(model)[0]
 
 
 def predict(run, defaults):
@@ -176,17 +176,17 @@ def predict(run, defaults):
     layers = _layers(run.model)
 
     def efficiency(ends):
-        cluster = plan.links_cluster(run.ranks_per_node, intra.at(ends.get("intra", "point")),
+        cluster = planner.links_cluster(run.ranks_per_node, intra.at(ends.get("intra", "point")),
                                      inter.at(ends.get("inter", "point")), run.adapters)
-        rows = plan.plan(layers, run.batch, run.rate.at(plan.FLIP[ends.get("rate", "point")]),
+        rows = planner.plan(layers, run.batch, run.rate.at(planner.FLIP[ends.get("rate", "point")]),
                          cluster, run.gpus, ["ring"], [run.policy], fusion_mb=run.fusion_mb,
                          cycle_ms=run.cycle_ms, overheads=overheads.at_each(ends))
         return 100 * rows[-1]["efficiency"]
 
-    names = plan.uncertain_inputs(overheads, run.rate, intra, inter)
+    names = planner.uncertain_inputs(overheads, run.rate, intra, inter)
     point = efficiency({})
     low, high = (efficiency(dict.fromkeys(names, end)) for end in ("low", "high"))
-    spans = plan.widest(efficiency, names)
+    spans = planner.widest(efficiency, names)
     return {"point": point, "low": low, "high": high,
             "widest": spans[0][0] if spans else None}
 
@@ -262,7 +262,7 @@ def table(rows):
         lines.append(f"| {r['id']} | {r['model']} | {r['gpus']} | {r['links']} | {r['rate']} | "
                      f"{r['published']:.1f} | {r['point']:.1f} | {r['low']:.1f}-{r['high']:.1f} "
                      f"| {r['error']:+.1f} | {'yes' if r['inside'] else 'NO'} | "
-                     f"{plan.INPUT_WORDS.get(r['widest'], r['widest'] or '-')} |")
+                     f"{plan_report.INPUT_WORDS.get(r['widest'], r['widest'] or '-')} |")
     s = scores(rows)
     lines += ["", f"Inside the band: {s['inside']} of {s['runs']}; point within {CLOSE:g} "
               f"points: {s['close']} of {s['runs']}; mean signed error {s['mean_signed']:+.1f}, "
@@ -277,7 +277,7 @@ def markdown(rows, defaults):
              f"Defaults ({defaults.path}):"]
     for term in defaults_mod.TERMS:
         text, source, basis = defaults.describe(term)
-        lines.append(f"- {plan.INPUT_WORDS[term]}: {text} ({basis})")
+        lines.append(f"- {plan_report.INPUT_WORDS[term]}: {text} ({basis})")
     for name in SETS:
         mine = [r for r in rows if r["set"] == name]
         if mine:
@@ -301,23 +301,22 @@ def run_horovod(args):
     inputs only and with the 16-GPU measurement; horovod.md and horovod.json in --out."""
     defaults = defaults_mod.load(args.defaults)
     planning = horovod_planning(defaults)
-    cycle_ms = args.cycle_ms or plan.HOROVOD_2017_CYCLE_MS
-    rows, cluster = plan.horovod_benchmark(args.fusion_mb, cycle_ms)
+    cycle_ms = args.cycle_ms or horovod_published.HOROVOD_2017_CYCLE_MS
+    rows, cluster = horovod_published.horovod_benchmark(args.fusion_mb, cycle_ms)
     text = "\n".join([
         "# Horovod's published scaling against the plan", "",
         "## With a planning user's inputs only", "",
         "The model, one GPU's rate, 64 images per GPU, 4 GPUs per server, `pcie3` and `25gbe` "
         "(RDMA or TCP not said), Horovod's 2017 cycle and fusion; every other term at its "
         f"default range ({defaults.path}, `study calibrate` lists them).", "",
-        *table(planning), "", ""]) + plan.horovod_markdown(rows, cluster, args.fusion_mb,
+        *table(planning), "", ""]) + plan_report.horovod_markdown(rows, cluster, args.fusion_mb,
                                                            cycle_ms)
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "horovod.md"), "w") as f:
-        f.write(text)
-    with open(os.path.join(args.out, "horovod.json"), "w") as f:
-        json.dump({"planning": planning, "cluster": cluster.description,
-                   "overheads": asdict(plan.HOROVOD_OVERHEADS),
-                   "speedup_16": plan.HOROVOD_16_GPUS, "rows": rows}, f, indent=1)
+    write_text(os.path.join(args.out, "horovod.md"), text)
+    write_json(os.path.join(args.out, "horovod.json"),
+               {"planning": planning, "cluster": cluster.description,
+                "overheads": asdict(horovod_published.HOROVOD_OVERHEADS),
+                "speedup_16": horovod_published.HOROVOD_16_GPUS, "rows": rows})
     print(text)
     return 0
 
@@ -336,13 +335,11 @@ def run(args):
     rows = calibrate(runs, defaults)
     text = markdown(rows, defaults)
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "calibration.md"), "w") as f:
-        f.write(text)
-    with open(os.path.join(args.out, "calibration.json"), "w") as f:
-        json.dump({"defaults": {t: asdict(defaults.figures[t]) for t in defaults_mod.TERMS},
-                   "rows": rows,
-                   "scores": {name: scores([r for r in rows if r["set"] == name])
-                              for name in SETS if any(r["set"] == name for r in rows)}},
-                  f, indent=1)
+    write_text(os.path.join(args.out, "calibration.md"), text)
+    write_json(os.path.join(args.out, "calibration.json"),
+               {"defaults": {t: asdict(defaults.figures[t]) for t in defaults_mod.TERMS},
+                "rows": rows,
+                "scores": {name: scores([r for r in rows if r["set"] == name])
+                           for name in SETS if any(r["set"] == name for r in rows)}})
     print(text)
     return 0

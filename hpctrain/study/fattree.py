@@ -39,6 +39,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
+from ..data.atomic import write_json, write_text
 from ..errors import UsageError
 from .links import at_line
 
@@ -179,7 +180,7 @@ def closed_form(tree, algo, nbytes):
     """Seconds the cost model predicts: a cluster of one rank per node on the tree's link
     preset, the ranks spread over ``ranks`` nodes."""
     from ..collectives import cost
-    from .plan import link_cluster
+    from .planner import link_cluster
 
     cluster = link_cluster(1, tree.link, tree.link, reduce_rate=tree.reduce_rate)
     return cost.predict(algo, nbytes, tree.ranks, cluster.params, tree.ranks,
@@ -350,13 +351,11 @@ def run(args):
     total = time.perf_counter() - started
     os.makedirs(args.out, exist_ok=True)
     text = summary(rows, args, total)
-    with open(os.path.join(args.out, "summary.md"), "w") as f:
-        f.write(text)
-    with open(os.path.join(args.out, "fattree.json"), "w") as f:
-        json.dump({"hosts_per_leaf": args.hosts_per_leaf, "link": args.link,
-                   "reduce_rate": args.reduce_rate * 1e9, "seed": args.seed,
-                   "simgrid_config": list(SIMGRID_CONFIG), "wall_s": total, "rows": rows},
-                  f, indent=1)
+    write_text(os.path.join(args.out, "summary.md"), text)
+    write_json(os.path.join(args.out, "fattree.json"),
+               {"hosts_per_leaf": args.hosts_per_leaf, "link": args.link,
+                "reduce_rate": args.reduce_rate * 1e9, "seed": args.seed,
+                "simgrid_config": list(SIMGRID_CONFIG), "wall_s": total, "rows": rows})
     print(f"# {len(rows)} simulations in {total:.1f} s; {args.out}/summary.md")
     return 0
 

@@ -149,3 +149,8 @@ def link(text, option):
                          f"42GB/s") from None
     return Link(text.strip(), busbw, busbw, busbw, busbw, seconds,
                 "given: the rate taken as the busbw reached, no range")
+
+
+def of_options(args):
+    """``(intra, inter)``: the :class:`Link` of the options ``--intra`` and ``--inter``."""
+    return link(args.intra, "--intra"), link(args.inter, "--inter")

@@ -27,9 +27,10 @@ import os
 
 from ..collectives import cost
 from ..data import HDF5Dataset
+from ..data.atomic import write_json, write_text
 from ..errors import UsageError
 from ..train.config import load_config
-from . import plan, step
+from . import plan, planner, step
 
 #: The largest relative error of samples/s that counts as a good prediction.
 LINE = 0.15
@@ -67,7 +68,7 @@ def train_layers(config):
                          f"HDF5 --data file, whose sample shape and classes can be read")
     with HDF5Dataset(config.data, config.x, config.y) as data:
         shape, classes = data.sample_shape, data.num_classes
-    layers, _ = plan.model_layers(config.model, shape, classes=classes, hidden=config.hidden,
+    layers, _ = planner.model_layers(config.model, shape, classes=classes, hidden=config.hidden,
                                   model_mb=config.model_mb)
     return layers
 
@@ -154,11 +155,10 @@ def run(args):
                          f"({', '.join(cost.modelled())})")
     text = summary(rows, inputs, cluster, args.params)
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "against.md"), "w") as f:
-        f.write(text)
-    with open(os.path.join(args.out, "against.json"), "w") as f:
-        json.dump({"params": cluster.params.as_dict(), "cluster": cluster.description,
-                   "line": LINE, "inputs": inputs, "rows": rows}, f, indent=1)
+    write_text(os.path.join(args.out, "against.md"), text)
+    write_json(os.path.join(args.out, "against.json"),
+               {"params": cluster.params.as_dict(), "cluster": cluster.description,
+                "line": LINE, "inputs": inputs, "rows": rows})
     print(text)
     return 0
 

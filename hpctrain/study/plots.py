@@ -1,11 +1,14 @@
 """The study's figures, drawn with matplotlib's Agg backend (no display needed)."""
 
+from pathlib import Path
+
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
 
 from ..collectives import cost  # noqa: E402
+from ..data.atomic import atomic_path  # noqa: E402
 
 
 def busbw_vs_size(rows, ranks, path, cores):
@@ -24,7 +27,7 @@ def busbw_vs_size(rows, ranks, path, cores):
     ax.set_title(f"allreduce busbw, p = {ranks} on {cores} cores{note}")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    _save(fig, path)
+    save(fig, path)
 
 
 def time_vs_ranks(rows, size, params, path, cores, ranks_per_node=0, **options):
@@ -55,7 +58,7 @@ def time_vs_ranks(rows, size, params, path, cores, ranks_per_node=0, **options):
     ax.set_title(f"allreduce of {size} bytes on {cores} cores: measured vs α-β-γ model")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
-    _save(fig, path)
+    save(fig, path)
 
 
 LABELS = {"busbw_GBps": "predicted busbw (GB/s)", "time_us": "predicted time (µs)"}
@@ -84,7 +87,7 @@ def prediction(table, path, title, key="busbw_GBps"):
     axes[0].set_ylabel(LABELS[key])
     axes[0].legend(fontsize=7)
     fig.suptitle(title)
-    _save(fig, path)
+    save(fig, path)
 
 
 def throughput_vs_ranks(rows, path, cores, scaling="weak"):
@@ -99,7 +102,7 @@ def efficiency_vs_ranks(rows, path, cores, scaling="weak"):
                         title=f"{scaling}-scaling efficiency")
     ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="ideal")
     ax.legend(fontsize=8)
-    _save(ax.figure, path)
+    save(ax.figure, path)
 
 
 def _against_ranks(rows, key, path, cores, *, ylabel, title):
@@ -122,7 +125,7 @@ def _against_ranks(rows, key, path, cores, *, ylabel, title):
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     if path is not None:
-        _save(fig, path)
+        save(fig, path)
     return ax
 
 
@@ -149,7 +152,12 @@ def _human(size):
     return f"{size} B"
 
 
-def _save(fig, path):
+def save(fig, path):
+    """Lay ``fig`` out and write it to ``path`` (its suffix names the format), whole or not
+    at all; then close it."""
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format=Path(path).suffix[1:], dpi=110)
+    finally:
+        plt.close(fig)

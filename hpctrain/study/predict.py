@@ -14,6 +14,7 @@ import os
 
 from . import costmodel, links, plots
 from ..collectives import cost
+from ..data.atomic import write_text
 
 RANKS = tuple(2 ** k for k in range(1, 13))  # 2 .. 4096
 SIZES = (8, 64 << 10, 1 << 20, 64 << 20, 1 << 30)
@@ -90,8 +91,8 @@ def run(args):
     title += f"; {per_node} ranks per node" + note
     plots.prediction(rows, os.path.join(args.out, "prediction.png"), title)
     plots.prediction(rows, os.path.join(args.out, "prediction_time.png"), title, "time_us")
-    with open(os.path.join(args.out, "prediction.md"), "w") as f:
-        f.write(f"# Predicted allreduce times\n\n{title}\n\n{table}\n")
+    write_text(os.path.join(args.out, "prediction.md"),
+               f"# Predicted allreduce times\n\n{title}\n\n{table}\n")
     print(title)
     print(table)
     return 0

@@ -28,6 +28,7 @@ import time
 
 from .. import collectives
 from ..bench import report
+from ..data.atomic import write_text
 from ..errors import UsageError
 from ..train.config import ALLREDUCE
 from . import launcher, plots
@@ -174,8 +175,7 @@ def write_outputs(args, rows, histories, cores):
                               scaling)
     plots.efficiency_vs_ranks(rows, os.path.join(args.out, "efficiency_vs_p.png"), cores,
                               scaling)
-    with open(os.path.join(args.out, "summary.md"), "w") as f:
-        f.write(summary(rows, settings, cores, env))
+    write_text(os.path.join(args.out, "summary.md"), summary(rows, settings, cores, env))
 
 
 def summary(rows, settings, cores, env):
@@ -252,8 +252,7 @@ def _launch(args, algo, p, round_):
     argv = [sys.executable, "-m", "hpctrain.study.ddp", *map(str, options)] if algo == DDP \
         else launcher.hpctrain("train", "--allreduce", algo, *options)
     output = launcher.run(args.launcher, p, argv, args.launch_timeout)
-    with open(os.path.join(run_dir, "log.txt"), "w") as f:
-        f.write(output)
+    write_text(os.path.join(run_dir, "log.txt"), output)
     return read_metrics(os.path.join(run_dir, "metrics.csv"))
 
 

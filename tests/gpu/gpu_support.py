@@ -45,7 +45,7 @@ def horovod_gpu_missing():
         return ("Horovod built without GPU operations (hvd.cuda_built() is False): rebuild "
                 "it with HOROVOD_GPU_OPERATIONS=NCCL, see docs/gpu.md")
     if not hvd.nccl_built():
-        from hpctrain.mpi_support import cuda_awareness
+        from hpctrain.mpi.cuda import cuda_awareness
 
         awareness = cuda_awareness()
         if awareness.aware is not True:

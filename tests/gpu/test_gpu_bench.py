@@ -11,9 +11,10 @@ from gpu_support import COMM, GPU_MODULE, SIZE, all_ranks
 from gpu_support import device  # noqa: F401 - fixture
 from hpctrain import collectives
 from hpctrain.bench import allreduce as bench
+from hpctrain.bench import driver
 from hpctrain.cli import build_parser
 from hpctrain.devices import node_local_rank
-from hpctrain.mpi_support import CudaAwareness, cuda_awareness
+from hpctrain.mpi.cuda import CudaAwareness, cuda_awareness
 
 pytestmark = GPU_MODULE
 
@@ -28,7 +29,8 @@ def bench_args(*extra):
 
 def test_bench_on_cuda_reports_bandwidth_and_no_wrong_value(tmp_path):
     out = COMM.bcast(str(tmp_path / "bench.json"), root=0)
-    wrong = bench.run(bench_args("-b", "8", "-e", "4M", "-f", "8", "--json", out), COMM)
+    wrong = driver.run("allreduce", bench_args("-b", "8", "-e", "4M", "-f", "8", "--json", out),
+                       COMM)
     failures = [] if wrong == 0 else [f"{wrong} wrong values"]
     if COMM.rank == 0:
         document = json.load(open(out))
@@ -52,7 +54,7 @@ def test_bench_puts_each_rank_buffers_on_its_local_rank_gpu(monkeypatch):
         devices.add(buf.device)
         return reduce(buf, *args, **kwargs)
     monkeypatch.setattr(collectives, "allreduce", recording_allreduce)
-    wrong = bench.run(bench_args("-b", "64K", "-e", "64K"), COMM)
+    wrong = driver.run("allreduce", bench_args("-b", "64K", "-e", "64K"), COMM)
     local = node_local_rank(COMM)
     want = torch.device("cuda", local % torch.cuda.device_count())
     all_ranks(devices == {want} and wrong == 0,
@@ -64,9 +66,9 @@ def test_bench_on_cuda_stages_the_sendrecv_reference_where_mpi_is_not_cuda_aware
     # Told "not CUDA-aware" (true of most MPIs; forced here so that a CUDA-aware one runs it
     # too), the reference must never give device memory to mpi4py.
     told = CudaAwareness(False, "told so by the test")
-    monkeypatch.setattr(bench.mpi_support, "cuda_awareness", lambda comm=None: told)
+    monkeypatch.setattr(bench.mpi_cuda, "cuda_awareness", lambda comm=None: told)
     out = COMM.bcast(str(tmp_path / "staged.json"), root=0)
-    wrong = bench.run(bench_args("-b", "8", "-e", "64", "--json", out), COMM)
+    wrong = driver.run("allreduce", bench_args("-b", "8", "-e", "64", "--json", out), COMM)
     failures = [] if wrong == 0 else [f"{wrong} wrong values"]
     if COMM.rank == 0:
         reference = json.load(open(out))["sendrecv_reference"]

@@ -19,7 +19,7 @@ import torch
 
 from gpu_support import COMM, GPU_MODULE, RANK, SIZE, all_ranks
 from gpu_support import device  # noqa: F401 - fixture
-from hpctrain import mpi_support
+from hpctrain.mpi import cuda as mpi_cuda
 from hpctrain.collectives import (ALGORITHMS, DTYPES, OPS, REGISTRIES, allreduce,
                                   allreduce_fused, broadcast)
 from hpctrain.collectives import buffers, driver
@@ -37,10 +37,10 @@ def path(request, monkeypatch):
     """``(name, comm)``: a fresh duplicate of COMM_WORLD on which CUDA tensors take the
     ``direct`` or the ``staged`` path (a fresh one: a context asks once and keeps the answer)."""
     if request.param == "staged":
-        monkeypatch.setattr(mpi_support, "cuda_awareness", lambda comm=None: mpi_support.
+        monkeypatch.setattr(mpi_cuda, "cuda_awareness", lambda comm=None: mpi_cuda.
                             CudaAwareness(False, "test: staged path forced"))
     else:
-        awareness = mpi_support.cuda_awareness(COMM)
+        awareness = mpi_cuda.cuda_awareness(COMM)
         if awareness.aware is not True:
             pytest.skip(f"MPI is not CUDA-aware here ({awareness}): the direct path cannot "
                         f"run; the staged one is tested")
