@@ -114,6 +114,21 @@ def process_failure(exc):
     return exc.Get_error_class() in classes - {mpi.ERR_UNKNOWN}
 
 
+def lost(comm, exc):
+    """Why operations fail after MPI reported a death (``exc``, a :func:`process_failure`):
+    the ranks of ``comm`` that it knows have failed, and what can go on."""
+    try:
+        group = comm.Get_failed()
+        failed = group.Translate_ranks(list(range(group.Get_size())), comm.Get_group())
+    except Exception:  # noqa: BLE001 - the report says enough without the ranks
+        failed = []
+    who = f"rank(s) {_ranks(sorted(failed))} of {comm.Get_size()}" if failed else "a rank"
+    return (f"{who} failed (MPI: {str(exc).strip()}): this rank's operations fail from now "
+            f"on. hvd.elastic.run goes on from its last commit on the ranks that are left; a "
+            f"torch.distributed process group cannot shrink: end the job and start it again "
+            f"from a checkpoint")
+
+
 class Waiters:
     """How many of this rank's threads are blocked waiting for an operation; told to the
     other ranks in every negotiation, so that a deadlock can be recognised."""
@@ -672,15 +687,7 @@ class Engine:
         """After MPI reported a death: revoke the world's communicators, and say who died."""
         if self.revoke is not None:
             self.revoke()
-        try:
-            group = self.comm.Get_failed()
-            failed = group.Translate_ranks(list(range(group.Get_size())),
-                                           self.comm.Get_group())
-        except Exception:  # noqa: BLE001 - the report above says enough without the ranks
-            failed = []
-        who = f"rank(s) {_ranks(sorted(failed))} of {self.size}" if failed else "a rank"
-        return (f"{who} failed (MPI: {str(exc).strip()}); this rank's operations fail, and "
-                f"hvd.elastic.run goes on from the last commit on the ranks that are left")
+        return lost(self.comm, exc)
 
     def _take(self):
         """This rank's requests for the next negotiation: ``(messages, numbers)``.

@@ -352,7 +352,8 @@ def late_call(comm, call):
 def test_a_collective_past_its_timeout_fails_on_every_rank(dist_algo, comm):
     """Only rank 0 calls, the others only after its call failed: rank 0's fails once the
     timeout has passed, theirs at once, with the same error (gloo's type, RuntimeError),
-    and the group's next collective pairs as before."""
+    whether waited for by ``wait()``, by the future or by DDP's reducer, and the group's next
+    collective pairs as before."""
     if dist_algo != TORCH_ALGOS[0]:
         pytest.skip("timeouts are the engine's, whatever the algorithm: one suffices")
     rank, size = dist.get_rank(), dist.get_world_size()
@@ -361,8 +362,12 @@ def test_a_collective_past_its_timeout_fails_on_every_rank(dist_algo, comm):
     failures = []
     group = dist.new_group(list(range(size)), timeout=datetime.timedelta(seconds=TIMEOUT_S))
     slow = dist.new_group(list(range(size)), timeout=datetime.timedelta(seconds=120))
+    # DDP's reducer waits on the future in C++: it must see a failed future as failed.
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1),
+                                                      process_group=group)
     cases = {
         "barrier": lambda: dist.barrier(group=group),
+        "DDP's backward": lambda: model(torch.ones(3, 2)).sum().backward(),
         "the call's timeout": lambda: dist.barrier(
             group=slow, timeout=datetime.timedelta(seconds=TIMEOUT_S)),
         "a future": lambda: dist.all_reduce(torch.ones(3), group=group,

@@ -600,6 +600,7 @@ class ProcessGroupHpctrain(dist.ProcessGroup):
                 if comm is not None:
                     comm.Free()
             P2P_COMMS.clear()
+            self.world.duplicates.clear()
             basics.shutdown()
 
     def abort(self):
@@ -609,6 +610,17 @@ class ProcessGroupHpctrain(dist.ProcessGroup):
 
 #: This process's point-to-point communicator of each process set (``None`` off the set).
 P2P_COMMS = {}
+
+
+def p2p_duplicate(w, comm):
+    """The point-to-point communicator of a set whose communicator is ``comm`` (``None`` off
+    the set): a duplicate, which the world revokes with its own after a death, so that a
+    receive waiting for a survivor fails too instead of waiting for ever."""
+    if comm is None:
+        return None
+    p2p_comm = comm.Dup()
+    w.duplicates.append(p2p_comm)
+    return p2p_comm
 
 
 def make_set(w, ranks, timeout=None):
@@ -623,7 +635,7 @@ def make_set(w, ranks, timeout=None):
 
     def register(comm, infos):
         w.register_set(pset, members, distinct=False)
-        P2P_COMMS[pset.process_set_id] = pset.comm.Dup() if pset.comm is not None else None
+        P2P_COMMS[pset.process_set_id] = p2p_duplicate(w, pset.comm)
         return None, None
 
     call = start("new_group", None, global_process_set, lambda p: None)
@@ -654,6 +666,6 @@ def create(options, backend_options=None):
                          f"or world_size=, or launch with a matching -np")
     if 0 not in P2P_COMMS:
         P2P_COMMS[0] = object_call("c10d_p2p", None, global_process_set,
-                                   lambda comm: comm.Dup())
+                                   lambda comm: p2p_duplicate(w, comm))
     return ProcessGroupHpctrain(w, global_process_set, P2P_COMMS[0], owns_world=owns,
                                 timeout=seconds(getattr(options, "timeout", None)))
