@@ -87,24 +87,27 @@ def nccl_release(code):
     return code // 1000, code % 1000 // 100
 
 
-def nccl_shared_gpu_problem(nccl_version, ranks_on_node, gpus_on_node, option):
+def nccl_shared_gpu_problem(nccl_version, ranks_on_node, gpus_on_node, option,
+                            user="this Horovod moves GPU tensors with", instead=None):
     """Why NCCL would refuse this placement (more ranks than GPUs on a node), or ``None``.
 
     NCCL before :data:`NCCL_SHARED_GPU` refuses to put two ranks of one communicator on the
-    same GPU; Horovod reports it as ``ncclCommInitRank failed: invalid usage`` mid-run."""
+    same GPU; Horovod reports it as ``ncclCommInitRank failed: invalid usage`` mid-run.
+    ``user`` says who runs NCCL, ``instead`` what else would do (Horovod's ways by default)."""
     if not nccl_version or ranks_on_node <= gpus_on_node:
         return None
     if nccl_release(nccl_version) >= NCCL_SHARED_GPU:
         return None
     major, minor = nccl_release(nccl_version)
+    if instead is None:
+        instead = ("use one of hpctrain's own algorithms (--allreduce ring, mpi, ...); or use "
+                   "a Horovod built with `scripts/build-horovod --gpu mpi` over a CUDA-aware "
+                   "MPI, which lets ranks share a GPU")
     return (f"{option}: {ranks_on_node} ranks share {gpus_on_node} GPU"
-            f"{'s' if gpus_on_node != 1 else ''} on this node, and this Horovod moves GPU "
-            f"tensors with NCCL {major}.{minor}, which refuses two ranks on one GPU "
-            f"(ncclCommInitRank: invalid usage). Start one rank per GPU (e.g. srun "
-            f"--ntasks-per-node={gpus_on_node} --gpus-per-task=1, or mpirun --map-by "
-            f"ppr:{gpus_on_node}:node); or use one of hpctrain's own algorithms (--allreduce "
-            f"ring, mpi, ...); or use a Horovod built with `scripts/build-horovod --gpu mpi` "
-            f"over a CUDA-aware MPI, which lets ranks share a GPU")
+            f"{'s' if gpus_on_node != 1 else ''} on this node, and {user} NCCL "
+            f"{major}.{minor}, which refuses two ranks on one GPU (ncclCommInitRank: invalid "
+            f"usage). Start one rank per GPU (e.g. srun --ntasks-per-node={gpus_on_node} "
+            f"--gpus-per-task=1, or mpirun --map-by ppr:{gpus_on_node}:node); or {instead}")
 
 
 def horovod_cuda_verdict(comm, option="--allreduce horovod with --device cuda"):

@@ -19,12 +19,12 @@ import time
 
 import numpy as np
 
+from . import tags
 from .log import logger
 from .stalls import StallRule, stalled
 
 LOG = logger()
 
-TAG = 7201
 POLL = 0.05  # s between checks on rank 0
 DONE = np.iinfo(np.int64).max  # the sequence number that says "this rank has finished"
 
@@ -99,7 +99,7 @@ class StallWatchdog:
         # Drop completed sends; a pending send's buffer must stay alive until it completes.
         self._sends = [(request, buf) for request, buf in self._sends if not request.Test()]
         buf = np.array([seq], dtype=np.int64)
-        self._sends.append((self.comm.Isend(buf, dest=0, tag=TAG), buf))
+        self._sends.append((self.comm.Isend(buf, dest=0, tag=tags.WATCHDOG), buf))
 
     def _record(self, rank, seq):
         with self._lock:
@@ -112,11 +112,11 @@ class StallWatchdog:
 
         buf = np.empty(1, dtype=np.int64)
         status = MPI.Status()
-        request = self.comm.Irecv(buf, source=MPI.ANY_SOURCE, tag=TAG)
+        request = self.comm.Irecv(buf, source=MPI.ANY_SOURCE, tag=tags.WATCHDOG)
         while not self._stop.is_set():
             while request.Test(status):
                 self._record(status.Get_source(), int(buf[0]))
-                request = self.comm.Irecv(buf, source=MPI.ANY_SOURCE, tag=TAG)
+                request = self.comm.Irecv(buf, source=MPI.ANY_SOURCE, tag=tags.WATCHDOG)
             with self._lock:
                 if (self._arrived == DONE).all():
                     break

@@ -287,3 +287,38 @@ def test_fit_alpha_beta_holding_beta_at_zero_is_the_least_squares_alpha():
     assert beta == 0.0
     assert alpha == pytest.approx(sum(inverse) / sum(i * i for i in inverse), rel=1e-9)
     assert alpha != pytest.approx(len(seconds) / sum(inverse), rel=1e-3)
+
+
+def test_bench_torch_distributed_times_hpctrain_beside_gloo_with_every_result_exact(
+        mpirun, hpctrain_cmd, tmp_path):
+    out_json = tmp_path / "versus.json"
+    result = mpirun(2, [*hpctrain_cmd, "bench", "torch-distributed", "--sizes", "64K,1M",
+                        "--rounds", "2", "-n", "1", "--ddp-steps", "2", "--json", out_json],
+                    timeout=180)
+    assert result.returncode == 0, result.output
+    assert "# wrong results: 0" in result.output, result.output
+    document = json.loads(out_json.read_text())
+    assert document["settings"]["against"] == "gloo" and document["settings"]["device"] == "cpu"
+    rows = {(r["collective"], r["bytes"], r["backend"]): r for r in document["collectives"]}
+    assert len(rows) == 3 * 2 * 2
+    for (collective, _, _), row in rows.items():
+        factor = (2 if collective == "all_reduce" else 1) * (2 - 1) / 2
+        assert row["wrong"] == 0 and row["time_us"] > 0
+        assert row["busbw_GBs"] == pytest.approx(row["algbw_GBs"] * factor)
+    assert {r["backend"] for r in document["ddp"]} == {"hpctrain", "gloo"}
+    assert all(r["samples_per_s"] > 0 for r in document["ddp"])
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--rounds", "0"], "need --rounds >= 1, -n >= 1 and --ddp-steps >= 0, got --rounds 0"),
+    (["--against", "nccl"], "--against nccl does not take cpu tensors: use --against gloo"),
+    (["--device", "cuda", "--against", "none"], "--device cuda"),
+])
+def test_bench_torch_distributed_refuses_what_it_cannot_run_on_every_rank(mpirun, hpctrain_cmd,
+                                                                          args, says):
+    if "cuda" in args and torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: --device cuda is no error here")
+    result = mpirun(2, [*hpctrain_cmd, "bench", "torch-distributed", *args], timeout=120)
+    assert result.returncode == 2, result.output
+    assert result.output.count(says) == 1, result.output
+    assert "Traceback" not in result.output, result.output

@@ -140,6 +140,18 @@ def test_the_registry_gives_every_algorithm_tags_of_its_own():
     assert ALGORITHMS["ps"].tags == ALGORITHMS["ps-sharded"].tags == 2   # results: tag + 1
 
 
+def test_the_fixed_tags_are_distinct_and_above_every_tag_the_registries_reach():
+    from hpctrain import tags
+
+    taken = [t for registry in REGISTRIES.values() for a in registry.values()
+             for t in range(a.tag, a.tag + a.tags)]
+    assert max(taken) < tags.ALGORITHM_TAGS_END
+    fixed = [value for name, value in vars(tags).items()
+             if name.isupper() and name not in ("FIRST_ALGORITHM_TAG", "ALGORITHM_TAGS_END")]
+    assert len(fixed) >= 9 and len(set(fixed)) == len(fixed)
+    assert all(tags.ALGORITHM_TAGS_END < t <= 32767 for t in fixed)
+
+
 def test_a_second_registration_of_a_name_is_refused():
     class Again(Algorithm):
         name = "ring"

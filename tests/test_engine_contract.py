@@ -112,3 +112,65 @@ def test_the_timeline_is_swapped_and_written_on_the_communication_thread_only(en
         kinds = [what for what, _ in timeline.calls]
         assert kinds.count("begin") == 2 and kinds.count("end") == 2 and kinds[-1] == "close"
         assert {thread for _, thread in timeline.calls} == {"hpctrain-comm"}
+
+
+class Counted:
+    """A timeline that counts its closes."""
+
+    def __init__(self):
+        self.closed = 0
+
+    def mark_cycle(self):
+        pass
+
+    def flush(self):
+        pass
+
+    def close(self):
+        self.closed += 1
+
+
+def test_a_swap_after_the_end_and_the_threads_last_swap_close_each_timeline_once():
+    # After the end, set_timeline swaps on the caller's thread while the communication
+    # thread's last act swaps to None. Here each pauses inside its swap, between reading the
+    # timeline it replaces and storing the new one, until the other has read too: without
+    # the swap's lock both read the same timeline and both close it.
+    at_last_swap, caller_read, thread_swapped = (threading.Event() for _ in range(3))
+
+    class PausingEngine(Engine):
+        @property
+        def timeline(self):
+            value = self.__dict__.get("_timeline")
+            if self.__dict__.get("armed") and self.pending.ended:
+                if threading.current_thread().name == "hpctrain-comm":
+                    at_last_swap.set()
+                    caller_read.wait(2)         # the lock keeps the caller out: 2 s, then on
+                    value = self.__dict__.get("_timeline")
+                else:
+                    caller_read.set()
+                    thread_swapped.wait(1)
+            return value
+
+        @timeline.setter
+        def timeline(self, value):
+            self.__dict__["_timeline"] = value
+            if threading.current_thread().name == "hpctrain-comm" and self.pending.ended:
+                thread_swapped.set()
+
+    comm = MPI.COMM_SELF.Dup()
+    engine = PausingEngine(comm, {0: SimpleNamespace(ranks=[0], comm=comm)}, {})
+    try:
+        first, second = Counted(), Counted()
+        engine.set_timeline(first)
+        engine.__dict__["armed"] = True
+        engine.close(wait=False)
+        assert at_last_swap.wait(10), "the communication thread never reached its last swap"
+        engine.set_timeline(second)             # the engine has ended: swapped here
+        engine._thread.join(10)
+        assert not engine._thread.is_alive()
+        assert first.closed == 1, f"the first timeline was closed {first.closed} times"
+        engine.set_timeline(None)
+        assert second.closed == 1
+    finally:
+        engine.close()
+        comm.Free()

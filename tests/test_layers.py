@@ -1,4 +1,5 @@
-"""No import cycles between the package's modules, counting the imports made inside functions.
+"""No import cycles between the package's modules, counting the imports made inside functions;
+and no import against the layer table of docs/architecture.md.
 
 An import inside a function hides a cycle from the interpreter (it runs after both modules
 have loaded) but not from a reader: the two modules still cannot be understood, tested or
@@ -27,8 +28,9 @@ def nearest(name, modules):
     return name or None
 
 
-def imported(path, modules):
-    """The package's modules that the module at ``path`` imports, anywhere in its source."""
+def imported(path, modules, outside=False):
+    """The package's modules that the module at ``path`` imports, anywhere in its source;
+    with ``outside``, also the outside packages it imports (their top-level names)."""
     here = module_of(path)
     package = here if path.name == "__init__.py" else here.rpartition(".")[0]
     targets = set()
@@ -45,6 +47,8 @@ def imported(path, modules):
         else:
             continue
         targets.update(nearest(name, modules) for name in names)
+        if outside and not any(nearest(name, modules) for name in names):
+            targets.update(name.split(".")[0] for name in names if name)
     return targets - {None, here}
 
 
@@ -128,3 +132,101 @@ def test_the_package_has_no_import_cycle():
     cycles = [c for c in strongly_connected(graph) if len(c) > 1]
     assert not cycles, "import cycles (each a set of modules that import one another): " + \
         "; ".join(" <-> ".join(c) for c in cycles)
+
+
+# --- the layer table of docs/architecture.md ---------------------------------------------------
+
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
+
+
+def layer_table(text):
+    """The rows of the table under "## The layers": ``(layer, patterns, never)``, with the
+    module patterns and the never-imported names as written between backquotes."""
+    section = text.split("## The layers", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) != 4 or not cells[0].isdigit():
+            continue
+        quoted = [cell.split("`")[1::2] for cell in cells[2:]]
+        rows.append((int(cells[0]), quoted[0], quoted[1]))
+    return rows
+
+
+def matches(pattern, path):
+    """Whether the package file ``path`` (relative, ``train/loop.py``) is what ``pattern``
+    names: a folder (``train/``: every module in it), a file, or ``*/name.py`` (that file in
+    any folder)."""
+    if pattern.endswith("/"):
+        return path.startswith(pattern)
+    if pattern.startswith("*/"):
+        return "/" in path and path.rsplit("/", 1)[1] == pattern[2:]
+    return path == pattern
+
+
+def row_of(path, rows):
+    """The one row whose patterns name ``path`` (a file's own name beats its folder's)."""
+    exact = [row for row in rows if any(matches(p, path) and not p.endswith("/")
+                                        for p in row[1])]
+    found = exact or [row for row in rows if any(matches(p, path) for p in row[1])]
+    assert len(found) == 1, f"hpctrain/{path} is in {len(found)} rows of the layer table " \
+        f"of docs/architecture.md (it must be in exactly one): {[r[1] for r in found]}"
+    return found[0]
+
+
+def layer_breaches(package, text):
+    """Each import against the table: ``(importer, imported, why)``."""
+    rows = layer_table(text)
+    paths = sorted(package.rglob("*.py"))
+    modules = {module_of(path): path for path in paths}
+    relative = {name: path.relative_to(package).as_posix() for name, path in modules.items()}
+    breaches = []
+    for path in paths:
+        here = module_of(path)
+        layer, _, never = row_of(relative[here], rows)
+        for target in sorted(imported(path, set(modules), outside=True)):
+            if target not in modules:   # an outside package
+                if target in never:
+                    breaches.append((here, target, "its row never imports it"))
+                continue
+            if path.name == "__init__.py" and target.startswith(here + "."):
+                continue                 # a package's face re-exporting its own modules
+            target_path = relative[target]
+            target_layer = row_of(target_path, rows)[0]
+            if target_layer > layer:
+                breaches.append((here, target, f"layer {layer} imports layer {target_layer}"))
+            elif any(matches(p, target_path) for p in never):
+                breaches.append((here, target, "its row never imports it"))
+    return breaches
+
+
+def test_the_layer_check_finds_an_import_up_a_layer_and_one_its_row_forbids(tmp_path,
+                                                                           monkeypatch):
+    package = tmp_path / "hpctrain"
+    monkeypatch.setattr(__import__(__name__), "PACKAGE", package)
+    (package / "low").mkdir(parents=True)
+    for name in ("__init__.py", "top.py", "low/__init__.py", "low/base.py", "side.py"):
+        (package / name).write_text("")
+    (package / "low" / "base.py").write_text("def later():\n    from .. import top\n")
+    (package / "side.py").write_text("import torch\n")
+    table = ("## The layers\n\n| layer | what | modules | never imports |\n|---|---|---|---|\n"
+             "| 2 | top | `top.py`, `side.py` | `torch` |\n"
+             "| 1 | base | `__init__.py`, `low/` | |\n\n## Next\n")
+    assert layer_breaches(package, table) == [
+        ("hpctrain.low.base", "hpctrain.top", "layer 1 imports layer 2"),
+        ("hpctrain.side", "torch", "its row never imports it")]
+    (package / "stray.py").write_text("")
+    try:
+        layer_breaches(package, table)
+    except AssertionError as error:
+        assert "hpctrain/stray.py is in 0 rows" in str(error)
+    else:
+        raise AssertionError("a module in no row of the table was not reported")
+
+
+def test_every_import_keeps_to_the_layer_table_of_the_architecture_doc():
+    text = ARCHITECTURE.read_text()
+    assert len(layer_table(text)) >= 8, "the layer table of docs/architecture.md was not read"
+    breaches = layer_breaches(PACKAGE, text)
+    assert not breaches, "imports against docs/architecture.md's layer table:\n" + "\n".join(
+        f"  {a} imports {b}: {why}" for a, b, why in breaches)

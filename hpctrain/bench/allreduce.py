@@ -20,7 +20,7 @@ import sys
 import numpy as np
 import torch
 
-from .. import collectives, faults, gpu_checks, mpi_support
+from .. import collectives, faults, gpu_checks, mpi_support, tags
 from ..devices import rank_device
 from ..errors import UsageError
 from ..runtime import checks
@@ -202,7 +202,7 @@ def time_calls(calls, args, comm, buf):
 
 
 #: The name of the reference row (one bare Sendrecv per rank pair), and its messages' tag.
-SENDRECV, SENDRECV_TAG = "sendrecv", 7
+SENDRECV, SENDRECV_TAG = "sendrecv", tags.BENCH_SENDRECV
 
 
 def _allreduce_call(buf, algo, op, comm):

@@ -9,13 +9,13 @@ import sys
 
 import numpy as np
 
+from .. import tags
 from ..collectives.cost import nonnegative_fit
 from ..errors import UsageError
 from . import report
 from .sizes import format_size, size_range
 
 COLUMNS = ("size", "iters", "latency_us", "bandwidth_GBps")
-TAG = 17
 
 
 def run(args, comm):
@@ -71,11 +71,11 @@ def ping_pong(buf, iters, warmup, comm):
             comm.Barrier()
             start = MPI.Wtime()
         if rank == 0:
-            comm.Send(buf, dest=1, tag=TAG)
-            comm.Recv(buf, source=1, tag=TAG)
+            comm.Send(buf, dest=1, tag=tags.BENCH_P2P)
+            comm.Recv(buf, source=1, tag=tags.BENCH_P2P)
         elif rank == 1:
-            comm.Recv(buf, source=0, tag=TAG)
-            comm.Send(buf, dest=0, tag=TAG)
+            comm.Recv(buf, source=0, tag=tags.BENCH_P2P)
+            comm.Send(buf, dest=0, tag=tags.BENCH_P2P)
     seconds = (MPI.Wtime() - start) / iters / 2
     return comm.bcast(seconds, root=0)
 

@@ -1,15 +1,18 @@
 """``hpctrain bench torch-distributed``: the ``hpctrain`` backend of torch.distributed beside
-gloo, in one run.
+torch's own backend for the device (gloo for CPU tensors, NCCL for CUDA ones), in one run.
 
     mpirun -np 4 python -m hpctrain bench torch-distributed --rounds 5
+    mpirun -np 2 python -m hpctrain bench torch-distributed --device cuda    # beside NCCL
 
 Both process groups live in every rank at once: the default group is ``hpctrain``
-(``dist.init_process_group("hpctrain")``), and a gloo group is built beside it on a store
-that the ranks meet at through MPI (:func:`hpctrain.torch.ddp.rendezvous`). Each round times
+(``dist.init_process_group("hpctrain")``), and the other is built beside it on a store that
+the ranks meet at through MPI (:func:`hpctrain.torch.ddp.rendezvous`). Each round times
 every collective at every size on both, in alternating order (hpctrain first in even
-rounds, gloo first in odd ones), so that whatever else the machine does falls on both alike;
-the table gives the median over the rounds of each rank's slowest time. Then DDP's training
-throughput, the same model and batches on either group, rounds alternated likewise.
+rounds, the other first in odd ones), so that whatever else the machine does falls on both
+alike; the table gives the median over the rounds of each rank's slowest time (on a GPU, up
+to the device's end of the last call). Then DDP's training throughput, the same model and
+batches on either group, rounds alternated likewise. ``--against none`` times hpctrain alone
+(NCCL before 2.30 refuses two ranks on one GPU).
 
 Collectives: ``all_reduce`` (busbw = algbw * 2(p-1)/p), ``all_gather_into_tensor`` and
 ``reduce_scatter_tensor`` (busbw = algbw * (p-1)/p; size: the whole vector), float32 SUM.
@@ -25,7 +28,8 @@ from .report import environment, header_lines, write_json
 from .sizes import format_size, parse_size
 
 COLLECTIVES = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor")
-BACKENDS = ("hpctrain", "gloo")
+#: torch's own backend that hpctrain is timed against, by device.
+AGAINST = {"cpu": "gloo", "cuda": "nccl"}
 
 
 def add_arguments(parser):
@@ -38,13 +42,19 @@ def add_arguments(parser):
                         help="timed calls per collective, size and round (default: 3)")
     parser.add_argument("--ddp-steps", type=int, default=10,
                         help="DDP training steps per round (default: 10; 0: no DDP rows)")
+    parser.add_argument("--device", choices=tuple(AGAINST), default="cpu",
+                        help="where the tensors live (default: cpu; cuda: each rank's "
+                             "node-local GPU)")
+    parser.add_argument("--against", choices=(*sorted(set(AGAINST.values())), "none"),
+                        help="torch's backend to time beside hpctrain (default: gloo on cpu, "
+                             "nccl on cuda; none: hpctrain alone)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
 
 
-def gloo_group(comm, timeout_s=300):
-    """A gloo process group over ``comm``'s ranks, beside the default group (collective):
-    torch's own ``ProcessGroup`` wrapping a ``ProcessGroupGloo``, as ``init_process_group``
-    builds one, so that DDP takes it."""
+def peer_group(comm, backend, device, timeout_s=300):
+    """A process group of torch's ``backend`` (``gloo`` or ``nccl``) over ``comm``'s ranks,
+    beside the default group (collective): torch's own ``ProcessGroup`` wrapping the
+    backend's, as ``init_process_group`` builds one, so that DDP takes it."""
     import torch
     import torch.distributed as dist
 
@@ -52,27 +62,31 @@ def gloo_group(comm, timeout_s=300):
 
     store = rendezvous(comm, datetime.timedelta(seconds=timeout_s))
     rank, size = comm.Get_rank(), comm.Get_size()
-    gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, size)
+    kind = {"gloo": dist.ProcessGroup.BackendType.GLOO,
+            "nccl": dist.ProcessGroup.BackendType.NCCL}[backend]
+    made = {"gloo": lambda s: dist.ProcessGroupGloo(s, rank, size),
+            "nccl": lambda s: dist.ProcessGroupNCCL(s, rank, size)}[backend]
     group = dist.ProcessGroup(dist.PrefixStore("group", store), rank, size)
-    group._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
-    group._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, gloo)
+    group._set_default_backend(kind)
+    group._register_backend(torch.device(device.type), kind,
+                            made(dist.PrefixStore(backend, store)))
     return group
 
 
-def calls(group, count, size):
+def calls(group, count, size, device):
     """``{collective: (call(), check())}`` over ``group`` for ``count`` float32 elements
-    (the whole vector), on buffers made once; ``check()`` says whether the last call's
-    result was exact (the inputs are small integers)."""
+    (the whole vector) on ``device``, on buffers made once; ``check()`` says whether the last
+    call's result was exact (the inputs are small integers)."""
     import torch
     import torch.distributed as dist
 
     rank = group.rank()
     per = count // size
-    reduced = torch.empty(count)
-    whole = torch.empty(per * size)
-    shard = torch.full((per,), float(rank + 1))
-    scatter_in = torch.empty(per * size)
-    scatter_out = torch.empty(per)
+    reduced = torch.empty(count, device=device)
+    whole = torch.empty(per * size, device=device)
+    shard = torch.full((per,), float(rank + 1), device=device)
+    scatter_in = torch.empty(per * size, device=device)
+    scatter_out = torch.empty(per, device=device)
     total = size * (size + 1) / 2
 
     def all_reduce():
@@ -86,7 +100,8 @@ def calls(group, count, size):
         scatter_in.fill_(rank + 1)
         group._reduce_scatter_base(scatter_out, scatter_in).wait()
 
-    blocks = torch.arange(1, size + 1, dtype=torch.float32).repeat_interleave(per)
+    blocks = torch.arange(1, size + 1, dtype=torch.float32,
+                          device=device).repeat_interleave(per)
     return {"all_reduce": (all_reduce, lambda: bool((reduced == total).all())),
             "all_gather_into_tensor": (all_gather, lambda: bool(torch.equal(whole, blocks))),
             "reduce_scatter_tensor": (reduce_scatter,
@@ -98,20 +113,29 @@ def bus_factor(collective, size):
     return (2 if collective == "all_reduce" else 1) * (size - 1) / size
 
 
-def timed(comm, call, iters):
-    """The slowest rank's seconds per call of ``iters`` calls (collective)."""
+def timed(comm, call, iters, device):
+    """The slowest rank's seconds per call of ``iters`` calls (collective), up to the end of
+    the last one on ``device`` (a CUDA collective's ``wait`` only orders the stream)."""
+    import torch
     from mpi4py import MPI
 
+    def finished():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    finished()
     comm.Barrier()
     start = time.perf_counter()
     for _ in range(iters):
         call()
+    finished()
     return comm.allreduce((time.perf_counter() - start) / iters, op=MPI.MAX)
 
 
-def ddp_step_maker(group, steps):
+def ddp_step_maker(group, steps, device):
     """``run()``: ``steps`` DDP training steps over ``group``, on the same model and
-    batches whichever the group (a 4-layer MLP of 1024 wide, 32 rows per rank)."""
+    batches whichever the group (a 4-layer MLP of 1024 wide, 32 rows per rank), on
+    ``device``."""
     import torch
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel
@@ -119,11 +143,12 @@ def ddp_step_maker(group, steps):
     torch.manual_seed(0)
     model = DistributedDataParallel(
         nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
-                      nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10)),
-        process_group=group)
+                      nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10)).to(device),
+        device_ids=[device] if device.type == "cuda" else None, process_group=group)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     generator = torch.Generator().manual_seed(group.rank())
-    x, y = torch.randn(32, 256, generator=generator), torch.randint(0, 10, (32,))
+    x = torch.randn(32, 256, generator=generator).to(device)
+    y = torch.randint(0, 10, (32,)).to(device)
 
     def run():
         for _ in range(steps):
@@ -140,35 +165,43 @@ def run(args, comm):
 
     import hpctrain.torch.distributed  # noqa: F401 - registers the backend
 
+    from ..devices import rank_device
     from ..torch import algorithm
 
+    against = args.against or AGAINST[args.device]
+    check_arguments(args, against, comm)
     torch.set_num_threads(1)
+    device = rank_device(args.device, comm)
     dist.init_process_group("hpctrain")
     size = comm.Get_size()
-    groups = {"hpctrain": dist.group.WORLD, "gloo": gloo_group(comm)}
+    backends = ("hpctrain",) if against == "none" else ("hpctrain", against)
+    groups = {"hpctrain": dist.group.WORLD}
+    if against != "none":
+        groups[against] = peer_group(comm, against, device)
     sizes = [parse_size(s) for s in args.sizes.split(",")]
-    settings = {"ranks": size, "algorithm": algorithm(), "rounds": args.rounds,
-                "iters": args.iters, "dtype": "float32", "op": "sum"}
+    settings = {"ranks": size, "algorithm": algorithm(), "device": args.device,
+                "against": against, "rounds": args.rounds, "iters": args.iters,
+                "dtype": "float32", "op": "sum"}
     lines = header_lines("torch-distributed", settings, comm)
     wrong = {}
     times = {}          # (collective, bytes, backend) -> seconds per call, one per round
     for nbytes in sizes:
         count = nbytes // 4 // size * size
-        made = {name: calls(group, count, size) for name, group in groups.items()}
-        for name in BACKENDS:           # warm-up and the correctness pass
+        made = {name: calls(group, count, size, device) for name, group in groups.items()}
+        for name in backends:           # warm-up and the correctness pass
             for collective, (call, check) in made[name].items():
                 call()
                 wrong[(collective, nbytes, name)] = not comm.allreduce(check(),
                                                                        op=_land())
         for round_ in range(args.rounds):
-            order = BACKENDS if round_ % 2 == 0 else BACKENDS[::-1]
+            order = backends if round_ % 2 == 0 else backends[::-1]
             for collective in COLLECTIVES:
                 for name in order:
-                    seconds = timed(comm, made[name][collective][0], args.iters)
+                    seconds = timed(comm, made[name][collective][0], args.iters, device)
                     times.setdefault((collective, nbytes, name), []).append(seconds)
     rows = [_row(c, n, b, statistics.median(times[(c, n, b)]), size, wrong[(c, n, b)])
-            for c in COLLECTIVES for n in sizes for b in BACKENDS]
-    ddp = _ddp_rows(args, comm, groups, size) if args.ddp_steps else []
+            for c in COLLECTIVES for n in sizes for b in backends]
+    ddp = _ddp_rows(args, comm, groups, size, device) if args.ddp_steps else []
     if comm.Get_rank() == 0:
         _print(lines, rows, ddp)
         if args.json:
@@ -176,6 +209,41 @@ def run(args, comm):
                                    "collectives": rows, "ddp": ddp})
     dist.destroy_process_group()
     return any(wrong.values())
+
+
+def check_arguments(args, against, comm):
+    """A :class:`~hpctrain.errors.Verdict` on every rank for options this run cannot take:
+    counts below their least, CUDA asked where torch sees no GPU, gloo for CUDA tensors
+    (NCCL's) or NCCL for CPU ones, NCCL where it would refuse ranks that share a GPU.
+
+    Synchronisation points: the node split (``--against nccl``) and one allgather."""
+    import torch
+
+    from .. import gpu_checks
+    from ..devices import ranks_on_node
+    from ..errors import UsageError
+    from ..runtime import checks
+
+    on_node = ranks_on_node(comm) if against == "nccl" else 0
+    with checks(comm):
+        if args.rounds < 1 or args.iters < 1 or args.ddp_steps < 0:
+            raise UsageError(f"need --rounds >= 1, -n >= 1 and --ddp-steps >= 0, got "
+                             f"--rounds {args.rounds} -n {args.iters} --ddp-steps "
+                             f"{args.ddp_steps}")
+        if against not in ("none", AGAINST[args.device]):
+            raise UsageError(f"--against {against} does not take {args.device} tensors: use "
+                             f"--against {AGAINST[args.device]} (or none) with --device "
+                             f"{args.device}")
+        if args.device == "cuda":
+            gpu_checks.check_cuda_visible("--device cuda")
+        if against == "nccl":
+            major, minor, patch = torch.cuda.nccl.version()
+            problem = gpu_checks.nccl_shared_gpu_problem(
+                major * 10000 + minor * 100 + patch, on_node, torch.cuda.device_count(),
+                "--against nccl", user="torch's nccl backend runs",
+                instead="time hpctrain alone (--against none)")
+            if problem:
+                raise UsageError(problem)
 
 
 def _land():
@@ -191,17 +259,19 @@ def _row(collective, nbytes, backend, seconds, size, wrong):
             "busbw_GBs": algbw * bus_factor(collective, size), "wrong": int(wrong)}
 
 
-def _ddp_rows(args, comm, groups, size):
-    makers = {name: ddp_step_maker(group, args.ddp_steps) for name, group in groups.items()}
-    for name in BACKENDS:
+def _ddp_rows(args, comm, groups, size, device):
+    backends = tuple(groups)
+    makers = {name: ddp_step_maker(group, args.ddp_steps, device)
+              for name, group in groups.items()}
+    for name in backends:
         makers[name]()                  # warm-up: DDP rebuilds its buckets after a step
     seconds = {}
     for round_ in range(args.rounds):
-        for name in (BACKENDS if round_ % 2 == 0 else BACKENDS[::-1]):
-            seconds.setdefault(name, []).append(timed(comm, makers[name], 1))
+        for name in (backends if round_ % 2 == 0 else backends[::-1]):
+            seconds.setdefault(name, []).append(timed(comm, makers[name], 1, device))
     return [{"backend": name, "steps": args.ddp_steps, "rows_per_rank": 32,
              "samples_per_s": size * 32 * args.ddp_steps / statistics.median(seconds[name])}
-            for name in BACKENDS]
+            for name in backends]
 
 
 def _print(lines, rows, ddp):

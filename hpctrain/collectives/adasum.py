@@ -33,6 +33,7 @@ no 16-bit float type). Horovod needs a power of two of ranks for Adasum; so does
 
 import numpy as np
 
+from .. import tags
 from ..errors import UsageError
 from .algorithm import algorithm_code
 from .buffers import flatten
@@ -41,9 +42,8 @@ from .dtypes import DTYPES
 
 #: The element types Adasum combines (it needs a dot product: floating point only).
 FLOAT_DTYPES = ("float16", "float32", "float64")
-#: Message tags on the context's private communicator, apart from the registry's (which
-#: start at 11) and below 32767, the least ``MPI_TAG_UB`` the standard allows.
-DATA_TAG, DOTS_TAG = 32001, 32002
+#: Message tags on the context's private communicator (:mod:`hpctrain.tags`).
+DATA_TAG, DOTS_TAG = tags.ADASUM_DATA, tags.ADASUM_DOTS
 #: Horovod's threshold for a zero squared norm.
 SQRT_DBL_MIN = float(np.sqrt(np.finfo(np.float64).tiny))
 

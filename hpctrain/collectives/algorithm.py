@@ -30,6 +30,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .. import tags
 from ..errors import UsageError
 from .dtypes import choices
 
@@ -47,9 +48,9 @@ INTERFACES = {}
 DEFAULT_ALLREDUCE = "ring"
 #: The environment variable that names it from the launch line, for both.
 ENV_ALLREDUCE = "HPCTRAIN_ALLREDUCE"
-#: The first tag handed out by :func:`register`; user tags are never seen on our private
-#: communicator, this only keeps each algorithm's messages apart from the others'.
-FIRST_TAG = 11
+#: The first tag handed out by :func:`register` (:mod:`hpctrain.tags`): user tags are never
+#: seen on our private communicators, this only keeps each algorithm's messages apart.
+FIRST_TAG = tags.FIRST_ALGORITHM_TAG
 #: The tags not yet given to an algorithm, in order.
 _FREE_TAGS = itertools.count(FIRST_TAG)
 

@@ -62,8 +62,10 @@ The parts, and which thread may touch what:
   communication thread only;
 - :class:`Joins` — the ranks that have joined, and this rank's waiting ``join``;
   communication thread only;
-- the timeline — swapped (``set_timeline``) and written on the communication thread only: a
-  caller's ``set_timeline`` is queued like a request and waited for.
+- the timeline — written on the communication thread only; swapped there too (a caller's
+  ``set_timeline`` is queued like a request and waited for), except once the engine has
+  ended, when the caller swaps it while the thread's last act may be swapping it to
+  ``None``: each swap holds ``_timeline_lock``, so every timeline replaced is closed once.
 """
 
 import pickle
@@ -583,6 +585,7 @@ class Engine:
         self.joined_runs = joined_runs      # kind -> run(comm, signature) for a joined rank
         self.revoke = revoke                # revoke() every communicator, after a death
         self.timeline = None                # swapped by set_timeline, on this thread
+        self._timeline_lock = threading.Lock()   # a swap after the end races the thread's last
         self._waiters = Waiters()
         self.pending = Pending(self._waiters)
         self.cache = ResponseCache(self.settings.cache_capacity)
@@ -639,7 +642,8 @@ class Engine:
     # ----- the communication thread ---------------------------------------------------------
 
     def _swap_timeline(self, timeline):
-        old, self.timeline = self.timeline, timeline
+        with self._timeline_lock:
+            old, self.timeline = self.timeline, timeline
         if old is not None and old is not timeline:
             old.close()
 

@@ -23,14 +23,15 @@ import time
 import torch
 from mpi4py import MPI
 
-from .. import faults
+from .. import faults, tags
 from ..torch.buckets import FlatBuffer
 from .nonfinite import NonFiniteError, verdict
 from .regimes import Regime
 from .replicas import broadcast_model, start_from_root
 
 SERVER = 0
-TAG_PUSH, TAG_GRAD, TAG_VERSION, TAG_WEIGHTS = 31, 32, 33, 34
+TAG_PUSH, TAG_GRAD, TAG_VERSION, TAG_WEIGHTS = (tags.ASYNC_PS_PUSH, tags.ASYNC_PS_GRAD,
+                                               tags.ASYNC_PS_VERSION, tags.ASYNC_PS_WEIGHTS)
 
 
 class AsyncServerRegime(Regime):
