@@ -9,6 +9,11 @@ per process (:class:`Progress`) tests the posted requests and finishes each one'
 which completes its torch future: futures complete whether or not anyone waits on the work.
 
 CUDA tensors are staged through host memory (MPI's point-to-point is given host buffers only).
+
+With a fault-tolerant MPI, a rank's death fails the posted requests: those involving it at
+once, the others when the world revokes its communicators, these among them
+(``World.duplicates``); each with a :class:`~hpctrain.torch.engine.ProcessFailure` that says
+who died. There is no timeout: a receive whose sender never sends waits, as MPI's does.
 """
 
 import threading
