@@ -136,3 +136,37 @@ def test_the_torch_distributed_scripts_train_on_the_hpctrain_backend(mpirun, exa
         held, total = map(int, re.search(r"parameters held by rank 0: (\d+) of (\d+)",
                                          run.output).groups())
         assert total // np <= held < total, run.output
+
+
+@pytest.mark.alone
+def test_the_lightning_trainer_on_the_hpctrain_backend_equals_one_process(mpirun, tmp_path):
+    """Lightning's ``DDPStrategy(process_group_backend="hpctrain")`` under mpirun -np 2
+    learns rank and size from its MPIEnvironment and takes the steps of one process: with
+    the same global batch, the final weights equal one process's up to float32 rounding."""
+    import sys
+
+    import torch
+
+    pytest.importorskip("lightning", reason="the test extra installs Lightning: "
+                                            "pip install -e '.[test]'")
+    epochs, global_batch = 2, 96
+    weights = {}
+    for np in (1, 2):
+        path = tmp_path / f"np{np}.pt"
+        run = mpirun(np, [sys.executable, EXAMPLES / "lightning_mpi.py", "--epochs", str(epochs),
+                          "--global-batch", str(global_batch), "--save", path],
+                     timeout=300)
+        assert run.returncode == 0, run.output
+        environment = "MPIEnvironment" if np > 1 else "LightningEnvironment"
+        assert f"ranks {np}, backend hpctrain, environment {environment}" in run.output, \
+            run.output
+        weights[np] = torch.load(path)
+    # 14 steps an epoch (1,437 training rows cut to whole global batches): each step's
+    # average over ranks rounds differently from one process's, by a few float32 epsilons
+    # of the weights (at most 1) per step; 10 of them per step is ample and still tight.
+    steps = epochs * (int(0.8 * 1797) // global_batch)
+    atol = 10 * steps * torch.finfo(torch.float32).eps
+    for name, want in weights[1].items():
+        got = weights[2][name]
+        assert torch.allclose(got, want, rtol=0, atol=atol), \
+            f"{name}: differs from one process by {(got - want).abs().max().item():.3g}"

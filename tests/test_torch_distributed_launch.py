@@ -1,17 +1,21 @@
 """The ``hpctrain`` backend as a script meets it: the two lines under mpirun and alone, and
 bad input (``WORLD_SIZE`` that disagrees with MPI, a ``new_group`` one rank skips, gloo
-without an address) ending every rank with one clear message, never a hang.
+without an address) ending every rank with one clear message, never a hang; a collective
+past the group's timeout failing on every rank; and, on the fault-tolerant stack, a rank's
+death failing every survivor's pending work.
 
 The collectives themselves are tested under mpirun at np 1..4 in
 tests/mpi/test_torch_distributed.py and tests/mpi/test_torch_distributed_training.py.
 """
 
 import os
+import re
 import sys
 
 import pytest
 
-from conftest import run_bounded
+from conftest import REPO, run_bounded
+from test_ft_stack import DETECTED_WITHIN, ft_launch
 
 PROGRAM = "tests/programs/torch_distributed.py"
 # s, from launch to exit: torch's import in every rank (3-6 s on 2 cores), more beside other
@@ -82,3 +86,39 @@ def test_gloo_without_an_address_names_what_to_set(mpirun):
     assert "init_process_group('gloo') without MASTER_ADDR and MASTER_PORT" in run.output, \
         run.output
     assert run.elapsed < WITHIN, run.output
+
+
+@pytest.mark.alone
+def test_a_collective_past_the_timeout_fails_on_every_rank_and_the_job_goes_on(mpirun):
+    run = mpirun(3, [sys.executable, PROGRAM, "timeout"], timeout=HANG)
+    assert run.returncode == 0, run.output
+    # The program catches RuntimeError (gloo's type) alone: anything else ends the job.
+    failed = re.findall(r"^rank (\d): \w+: all_reduce\(.*\): Timed out waiting 2000ms for "
+                        r"rank\(s\) 1, 2, which have not called it", run.output, re.M)
+    assert sorted(failed) == ["0", "1", "2"], run.output
+    assert "hpctrain over 3 ranks: [6.0, 6.0, 6.0]" in run.output, run.output
+    assert run.elapsed < WITHIN, run.output
+
+
+@pytest.mark.parametrize("np, victim", [(3, 1), (4, 0)], ids=["np3-rank1", "np4-rank0"])
+def test_a_lost_rank_fails_every_pending_work_of_the_survivors(ft_python, np, victim):
+    run = ft_launch(ft_python, np, REPO / "tests" / "programs" / "ulfm_torch_distributed.py",
+                    str(victim))
+    out = run.output
+    assert run.returncode == 0, out
+    killed = float(re.search(rf"^rank {victim}: SIGKILL at t=([\d.]+)$", out, re.M).group(1))
+    survivors = [r for r in range(np) if r != victim]
+    failed = re.findall(r"^rank (\d+): (.+) failed at t=([\d.]+): (\w+): (.*)$", out, re.M)
+    seen = {(int(rank), what) for rank, what, _, _, _ in failed}
+    pending = ["DDP backward", "future", "all_reduce", "later all_reduce"]
+    want = {(r, what) for r in survivors for what in pending} | \
+        {(survivors[0], "recv from the victim"), (survivors[0], "recv from a survivor")}
+    assert seen == want, out
+    # Every error is gloo's type, and says that a rank died (the one whose death this rank
+    # learnt of itself, or "a rank" where it learnt of it from a revoke).
+    assert all(kind in ("RuntimeError", "ProcessFailure") and
+               re.search(r"(rank\(s\) \d+ of \d+|a rank) failed \(MPI: MPI_ERR_", message)
+               for _, _, _, kind, message in failed), out
+    assert max(float(at) for _, _, at, _, _ in failed) - killed < DETECTED_WITHIN, out
+    assert sorted(int(r) for r in re.findall(r"^rank (\d+): ended$", out, re.M)) == \
+        survivors, out

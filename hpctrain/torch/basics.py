@@ -65,6 +65,9 @@ class World:
         global_process_set._register(0, list(range(self.size)), self.data_comm, self.rank)
         global_process_set.mpi_comm = comm
         self.sets = {0: global_process_set}
+        # Communicators that layers above duplicated from this world's (torch.distributed's
+        # point-to-point ones): theirs to free, revoked with the world's after a death.
+        self.duplicates = []
         self._engine = None
         self._engine_lock = threading.Lock()
         self._joined_allreduce = joined_allreduce
@@ -163,10 +166,11 @@ class World:
 
     def communicators(self):
         """Every communicator of this world on which messages move: the user's, the
-        engine's, the sets', and the private ones of the collectives over them."""
+        engine's, the sets', the ``duplicates`` of the layers above, and the private ones
+        of the collectives over them."""
         from ..collectives import contexts
 
-        comms = [self.user_comm, self.comm, self.data_comm,
+        comms = [self.user_comm, self.comm, self.data_comm, *self.duplicates,
                  *(s.comm for s in self.sets.values() if s.comm is not None)]
         for comm in list(comms):
             ctx = contexts.existing(comm)

@@ -24,6 +24,12 @@ cached is then one small collective instead of two, with nothing pickled (docs/t
 measures what that saves, and where it does not). The cache is filled and read only on the
 communication thread, from what every rank gathered alike, so every rank numbers alike.
 
+An operation can also fail before every member has asked for it: by its own ``timeout`` (a
+``torch.distributed`` group's) or by the deadlock verdict (:class:`StallInspector`), decided
+alike on every rank. An unnamed one (``noname.N``, never asked for twice) is then
+remembered (:class:`Failed`): a member that asks for it late fails at once with the same
+reason, so that it fails on every rank and the set's next operations still pair up.
+
 Joined ranks (:func:`hpctrain.torch.join`) count as having asked for every allreduce, which
 they join with zeros; other operations fail on every rank while a rank has joined. A
 ``shutdown`` from any rank ends every rank's thread after the cycle that carries it, and
@@ -50,7 +56,10 @@ The parts, and which thread may touch what:
 - :class:`ResponseCache` — the numbered operations, the same on every rank; communication
   thread only;
 - :class:`StallInspector` — the warning on rank 0 about operations some ranks never ask for,
-  and the deadlock verdict every rank reaches alike; communication thread only;
+  and the verdicts every rank reaches alike (a deadlock, a timeout); communication thread
+  only;
+- :class:`Failed` — unnamed operations that failed before some members asked for them;
+  communication thread only;
 - :class:`Joins` — the ranks that have joined, and this rank's waiting ``join``;
   communication thread only;
 - the timeline — written on the communication thread only; swapped there too (a caller's
@@ -105,6 +114,21 @@ def process_failure(exc):
         return False
     classes = {mpi.ERR_PROC_FAILED, mpi.ERR_PROC_FAILED_PENDING, mpi.ERR_REVOKED}
     return exc.Get_error_class() in classes - {mpi.ERR_UNKNOWN}
+
+
+def lost(comm, exc):
+    """Why operations fail after MPI reported a death (``exc``, a :func:`process_failure`):
+    the ranks of ``comm`` that it knows have failed, and what can go on."""
+    try:
+        group = comm.Get_failed()
+        failed = group.Translate_ranks(list(range(group.Get_size())), comm.Get_group())
+    except Exception:  # noqa: BLE001 - the report says enough without the ranks
+        failed = []
+    who = f"rank(s) {_ranks(sorted(failed))} of {comm.Get_size()}" if failed else "a rank"
+    return (f"{who} failed (MPI: {str(exc).strip()}): this rank's operations fail from now "
+            f"on. hvd.elastic.run goes on from its last commit on the ranks that are left; a "
+            f"torch.distributed process group cannot shrink: end the job and start it again "
+            f"from a checkpoint")
 
 
 class Waiters:
@@ -164,14 +188,21 @@ class Request:
     ``INVALID`` had bad arguments here: the others fail with this rank's reason instead of
     waiting for it. ``repeats``: the same name and signature will be asked for again and
     again (gradient buckets): worth a number in the cache (see the module docstring).
+    ``timeout``: seconds after which the operation fails on every rank of its set if some
+    member has still not asked for it (a ``torch.distributed`` group's ``timeout``; ``None``:
+    no limit). Such a request is always sent whole: the limit travels with it.
     """
 
-    __slots__ = ("set_id", "name", "signature", "info", "describe", "run", "handle", "repeats")
+    __slots__ = ("set_id", "name", "signature", "info", "describe", "run", "handle", "repeats",
+                 "timeout")
 
-    def __init__(self, set_id, name, signature, describe, run, info=None, repeats=False):
+    def __init__(self, set_id, name, signature, describe, run, info=None, repeats=False,
+                 timeout=None):
         self.set_id, self.name, self.signature = set_id, name, signature
         self.info, self.describe, self.run = info, describe, run
-        self.repeats = repeats and info is None and signature is not INVALID
+        self.timeout = timeout
+        self.repeats = repeats and info is None and signature is not INVALID and \
+            timeout is None
         self.handle = Handle()
 
     @property
@@ -189,19 +220,26 @@ def _ranks(ranks):
 
 def _label(name, signature):
     """How the timeline shows an operation: named by its kind, as Horovod's."""
-    return f"{signature[0]}.{name}" if name.startswith("noname.") else name
+    return f"{signature[0]}.{name}" if unique(name) else name
+
+
+def unique(name):
+    """True for the name of an unnamed operation (``noname.N``): numbered by its set, never
+    asked for twice, so once it has failed, a rank that asks for it later can only fail."""
+    return name.startswith("noname.")
 
 
 class _Entry:
     """One operation in the table: which ranks asked, with what."""
 
-    __slots__ = ("signatures", "infos", "describes", "since", "first", "repeats")
+    __slots__ = ("signatures", "infos", "describes", "since", "first", "repeats", "timeout")
 
     def __init__(self, first):
         self.signatures, self.infos, self.describes = {}, {}, {}
         self.since = time.monotonic()
         self.first = first      # rank 0's clock at the negotiation that first saw it
         self.repeats = True     # every rank that asked said it repeats, or came from the cache
+        self.timeout = None     # the shortest limit of the ranks that asked (None: none)
 
 
 # ----- what a rank tells the others in a negotiation (communication thread only) ------------
@@ -216,6 +254,7 @@ class OpAsked:
     info: object
     describe: str
     repeats: bool
+    timeout: object = None
 
     @property
     def key(self):
@@ -402,6 +441,39 @@ class Joins:
             self.handle = None
 
 
+class Failed:
+    """Unnamed operations that failed before every member of their set asked for them (a
+    timeout, the deadlock verdict), with the members that had not asked: when one of them
+    asks at last, it fails with the same reason, so that the operation fails on every rank
+    of the set and its ranks' later operations still pair up. The same on every rank (filled
+    and read from what every rank gathered). Communication thread only."""
+
+    #: Failures remembered at most (the oldest forgotten first): a member that never asks
+    #: (it went on to something else) must not make the table grow for ever.
+    CAPACITY = 4096
+
+    def __init__(self):
+        self._waiting = OrderedDict()   # key -> (reason, members that have not asked)
+
+    def remember(self, key, missing, why):
+        """``key`` failed with ``why`` while ``missing`` had not asked for it."""
+        if missing:
+            self._waiting[key] = (why, set(missing))
+            while len(self._waiting) > self.CAPACITY:
+                self._waiting.popitem(last=False)
+
+    def late(self, key, rank):
+        """Why ``key`` failed, if ``rank`` asks for it only now (counted as asked), else
+        ``None``."""
+        why, missing = self._waiting.get(key, (None, ()))
+        if rank not in missing:
+            return None
+        missing.discard(rank)
+        if not missing:
+            del self._waiting[key]
+        return why
+
+
 class StallInspector:
     """Operations some ranks never ask for, timed by the :class:`~.settings.Settings` under
     the one rule of :mod:`hpctrain.stalls`:
@@ -411,9 +483,11 @@ class StallInspector:
     - every rank shuts the engine down once an operation has waited ``stall_shutdown_s``
       (Horovod's ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``; 0: never);
     - every rank fails everything in flight once every rank has been blocked with nothing
-      moving for ``deadlock_s``.
+      moving for ``deadlock_s``;
+    - every rank fails an operation that has waited its own ``timeout`` (a
+      ``torch.distributed`` group's).
 
-    The last two are decided alike on every rank, from the same table, flags and clock
+    The last three are decided alike on every rank, from the same table, flags and clock
     (rank 0's, sent in every negotiation). Communication thread only."""
 
     def __init__(self, rank, settings):
@@ -457,6 +531,25 @@ class StallInspector:
                         f" (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS={limit:g})")
         return None
 
+    def expired(self, table, missing):
+        """``(key, reason)`` of every operation that has waited its own ``timeout`` (a
+        ``torch.distributed`` group's; rank 0's clock, from the negotiation that first saw
+        it) for members that have not asked for it: it fails on every rank that asked, and
+        on the others when they ask (:class:`Failed`)."""
+        out = []
+        for key, entry in table.items():
+            if entry.timeout is None or self.clock - entry.first < entry.timeout:
+                continue
+            call = next(iter(entry.describes.values()))
+            # Worded so that gloo's own tests recognise it (" Timed out ", " timeout ").
+            out.append((key, f"{call}: Timed out waiting {entry.timeout * 1000:.0f}ms for "
+                             f"rank(s) {_ranks(missing(key, entry))}, which have not called "
+                             f"it (rank(s) {_ranks(entry.signatures)} have): it did not "
+                             f"complete within its timeout of {entry.timeout:g} s (its "
+                             f"process group's timeout=, or the call's), and fails on every "
+                             f"rank of the group, on those ranks too when they call it"))
+        return out
+
     def deadlock(self, table, moved, missing):
         """The reason to fail everything in flight, or ``None``: every rank blocked for
         ``deadlock_s`` on operations that no other rank asked for, with nothing asked or
@@ -498,6 +591,7 @@ class Engine:
         self.cache = ResponseCache(self.settings.cache_capacity)
         self.joins = Joins()
         self.stalls = StallInspector(self.rank, self.settings)
+        self._failed = Failed()
         self._table = OrderedDict()     # key -> _Entry, the same on every rank
         self._started = 0.0             # when the last negotiation began (monotonic)
         self._stop = threading.Event()
@@ -572,6 +666,8 @@ class Engine:
                               "of the ranks finished execution.")
                     break
                 ran = self._run_ready()
+                for key, why in self.stalls.expired(self._table, self._missing):
+                    self._fail_entry(key, self._table[key], why)
                 self.stalls.warn(self._table, self._missing)
                 stalled = self.stalls.shutdown(self._table, self._missing)
                 if stalled is not None:
@@ -595,15 +691,7 @@ class Engine:
         """After MPI reported a death: revoke the world's communicators, and say who died."""
         if self.revoke is not None:
             self.revoke()
-        try:
-            group = self.comm.Get_failed()
-            failed = group.Translate_ranks(list(range(group.Get_size())),
-                                           self.comm.Get_group())
-        except Exception:  # noqa: BLE001 - the report above says enough without the ranks
-            failed = []
-        who = f"rank(s) {_ranks(sorted(failed))} of {self.size}" if failed else "a rank"
-        return (f"{who} failed (MPI: {str(exc).strip()}); this rank's operations fail, and "
-                f"hvd.elastic.run goes on from the last commit on the ranks that are left")
+        return lost(self.comm, exc)
 
     def _take(self):
         """This rank's requests for the next negotiation: ``(messages, numbers)``.
@@ -651,7 +739,7 @@ class Engine:
                 bits.append(number)
             else:
                 mine.append(OpAsked(item.set_id, item.name, item.signature, item.info,
-                                    item.describe, item.repeats))
+                                    item.describe, item.repeats, item.timeout))
         return mine, bits
 
     def _exchange(self, mine, bits):
@@ -712,14 +800,18 @@ class Engine:
                     self._add(key, rank, signature, None, describe, True)
                 elif isinstance(message, OpAsked):
                     self._add(message.key, rank, message.signature, message.info,
-                              message.describe, message.repeats)
+                              message.describe, message.repeats, message.timeout)
                 elif isinstance(message, JoinAsked):
                     self.joins.add(rank)
                 elif isinstance(message, ShutdownAsked):
                     shutdown = True
         return shutdown
 
-    def _add(self, key, rank, signature, info, describe, repeats):
+    def _add(self, key, rank, signature, info, describe, repeats, timeout=None):
+        why = self._failed.late(key, rank)
+        if why is not None:
+            self._fail_late(key, rank, why)
+            return
         entry = self._table.get(key)
         if entry is None:
             entry = self._table[key] = _Entry(self.stalls.clock)
@@ -727,6 +819,15 @@ class Engine:
         entry.infos[rank] = info
         entry.describes[rank] = describe
         entry.repeats = entry.repeats and repeats
+        if timeout is not None:
+            entry.timeout = timeout if entry.timeout is None else min(entry.timeout, timeout)
+
+    def _fail_late(self, key, rank, why):
+        """Rank ``rank`` asked for ``key`` after it failed on the ranks that had: it fails
+        there too, with their reason, instead of waiting for ranks that have gone on."""
+        request = self.pending.pop(key) if rank == self.rank else None
+        if request is not None:
+            request.handle.finish(error=HorovodInternalError(why))
 
     def _members(self, set_id):
         """The world ranks of process set ``set_id``, in the set's rank order."""
@@ -801,6 +902,8 @@ class Engine:
     def _fail_entry(self, key, entry, why):
         self._table.pop(key, None)
         self.stalls.settled(key)
+        if unique(key[1]):
+            self._failed.remember(key, self._missing(key, entry), why)
         request = self.pending.pop(key)
         if request is not None:
             request.handle.finish(error=HorovodInternalError(why))

@@ -12,6 +12,8 @@ summation (averages are taken of multiples of the number of ranks). Every check 
 (``all_ranks``), so that a rank failing alone never leaves the others waiting.
 """
 
+import datetime
+import time
 
 import pytest
 import torch
@@ -19,7 +21,7 @@ import torch.distributed as dist
 
 import hpctrain.torch.distributed  # noqa: F401 - registers the backend
 
-from conftest import all_ranks, from_rank0, raised
+from conftest import TORCH_ALGOS, all_ranks, from_rank0, raised
 
 pytestmark = pytest.mark.mpi
 
@@ -29,6 +31,8 @@ FLOATS = [d for d in DTYPES if d.is_floating_point]
 OPS = ["SUM", "AVG", "MIN", "MAX", "PRODUCT", "PREMUL_SUM", "BAND", "BOR", "BXOR"]
 #: Element counts: empty, one, a prime that divides by no number of ranks.
 COUNTS = [0, 1, 7]
+#: Seconds of the short timeouts (of groups, of one call) in the timeout test.
+TIMEOUT_S = 1.0
 
 
 def values(rank, count, dtype, scale=1):
@@ -330,6 +334,60 @@ def test_errors_raise_on_every_rank(dist_algo, comm):
     t = torch.ones(1)
     dist.all_reduce(t)                  # the group still works afterwards
     all_ranks(comm, ok and t.item() == size, [repr(e) for e in errors])
+
+
+def late_call(comm, call):
+    """``call()`` on rank 0 at once and on the others once rank 0's has ended; per rank,
+    ``(error, seconds)``: what it raised (``None``: nothing) and how long it took."""
+    if comm.rank:
+        comm.Barrier()
+    start = time.monotonic()
+    error = raised(call)
+    took = time.monotonic() - start
+    if not comm.rank:
+        comm.Barrier()
+    return error, took
+
+
+def test_a_collective_past_its_timeout_fails_on_every_rank(dist_algo, comm):
+    """Only rank 0 calls, the others only after its call failed: rank 0's fails once the
+    timeout has passed, theirs at once, with the same error (gloo's type, RuntimeError),
+    whether waited for by ``wait()``, by the future or by DDP's reducer, and the group's next
+    collective pairs as before."""
+    if dist_algo != TORCH_ALGOS[0]:
+        pytest.skip("timeouts are the engine's, whatever the algorithm: one suffices")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    if size == 1:
+        pytest.skip("a collective of one rank never waits")
+    failures = []
+    group = dist.new_group(list(range(size)), timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    slow = dist.new_group(list(range(size)), timeout=datetime.timedelta(seconds=120))
+    # DDP's reducer waits on the future in C++: it must see a failed future as failed.
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1),
+                                                      process_group=group)
+    cases = {
+        "barrier": lambda: dist.barrier(group=group),
+        "DDP's backward": lambda: model(torch.ones(3, 2)).sum().backward(),
+        "the call's timeout": lambda: dist.barrier(
+            group=slow, timeout=datetime.timedelta(seconds=TIMEOUT_S)),
+        "a future": lambda: dist.all_reduce(torch.ones(3), group=group,
+                                            async_op=True).get_future().wait(),
+    }
+    for what, call in cases.items():
+        error, took = late_call(comm, call)
+        if not isinstance(error, RuntimeError) or " Timed out " not in str(error):
+            failures.append(f"{what}: raised {error!r}")
+        if rank == 0 and not TIMEOUT_S <= took < TIMEOUT_S + 5:
+            failures.append(f"{what}: rank 0 waited {took:.2f} s, timeout {TIMEOUT_S} s")
+        if rank and took > 5:
+            failures.append(f"{what}: a late rank waited {took:.2f} s")
+        comm.Barrier()              # together again, well within the timeout
+        t = torch.tensor([rank + 1])
+        dist.all_reduce(t, group=group)
+        compare(failures, f"after {what}", t, torch.tensor([size * (size + 1) // 2]))
+    for made in (group, slow):
+        dist.destroy_process_group(made)
+    all_ranks(comm, not failures, failures)
 
 
 def test_functional_collectives(dist_algo, comm):

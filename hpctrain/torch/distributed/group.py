@@ -57,6 +57,13 @@ def _signature(kind, tensors, *extra):
             tuple(where(t) for t in tensors)) + tuple(extra)
 
 
+def seconds(timeout):
+    """A ``timedelta``'s seconds; ``None`` for none, or for torch's "not set" (negative)."""
+    if isinstance(timeout, datetime.timedelta) and timeout >= datetime.timedelta(0):
+        return timeout.total_seconds()
+    return None
+
+
 def _root(opts, size, function):
     root = opts.rootRank
     if not 0 <= root < size:
@@ -70,11 +77,16 @@ class ProcessGroupHpctrain(dist.ProcessGroup):
 
     Built by the backend's creator (the default group) and by :meth:`new_group` (the
     others); ``dist.init_process_group("hpctrain")`` and ``dist.new_group`` make them.
+    ``timeout``: their ``timeout=`` in seconds (``None``: none); a collective that some rank
+    of the group has not called within it fails on every rank (:mod:`hpctrain.torch.engine`'s
+    ``StallInspector.expired``).
     """
 
-    def __init__(self, world, pset, p2p_comm, group_name="", group_desc="", owns_world=False):
+    def __init__(self, world, pset, p2p_comm, group_name="", group_desc="", owns_world=False,
+                 timeout=None):
         super().__init__(pset.rank(), pset.size())
         self.world, self.pset, self.p2p_comm = world, pset, p2p_comm
+        self.timeout = timeout
         self.owns_world = owns_world            # shut the world down with this group
         self._name, self._desc = group_name, group_desc
         self._closed = False
@@ -117,14 +129,16 @@ class ProcessGroupHpctrain(dist.ProcessGroup):
 
     # ----- one operation -------------------------------------------------------------------
 
-    def _queue(self, function, tensors, check, work, outputs, agreed=None):
+    def _queue(self, function, tensors, check, work, outputs, agreed=None, opts=None):
         """Check, then queue one operation; return its :class:`~.work.Work`.
 
         ``check()`` runs here and returns what the ranks must agree on (added to the
         signature) and what each rank tells the others (``info``); ``work(comm, infos)``
         runs on the communication thread; ``outputs`` is the future's value. ``agreed``:
         the tensors whose shapes, dtypes and devices every rank must pass alike (default
-        all; an alltoall's, a gather's and a scatter's differ by rank).
+        all; an alltoall's, a gather's and a scatter's differ by rank). ``opts``: the call's
+        options, whose ``timeout``, where set (``dist.barrier(timeout=)``), replaces the
+        group's.
         """
         def checked(pset):
             for t in tensors:
@@ -136,10 +150,14 @@ class ProcessGroupHpctrain(dist.ProcessGroup):
         signed = tensors if agreed is None else agreed
         request = Request(pset.process_set_id, name, _signature(kind, signed, *extra),
                           describe_tensors(kind, name, tensors), on_thread(tensors, work),
-                          info)
+                          info, timeout=self._timeout_s(opts))
         request.handle = FutureHandle(lambda result: outputs)
         w.engine.submit(request)
         return Work(request.handle)
+
+    def _timeout_s(self, opts):
+        limit = seconds(getattr(opts, "timeout", None))
+        return self.timeout if limit is None else limit
 
     def _algo(self, collective):
         return self.world.algorithm_for(collective)
@@ -182,7 +200,7 @@ class ProcessGroupHpctrain(dist.ProcessGroup):
                 allreduce_flat(comm, w.algo, self._algo("allgather"), packed.flat, chosen)
                 packed.unpack(group)
             return tensors
-        return self._queue(function, tensors, check, work, tensors)
+        return self._queue(function, tensors, check, work, tensors, opts=opts)
 
     def reduce(self, tensors, opts=None):
         """Reduce ``tensors[0]`` over the group into the root's (others' may be overwritten)."""
@@ -201,7 +219,7 @@ class ProcessGroupHpctrain(dist.ProcessGroup):
             if copied:
                 tensor.copy_(flat.view(tensor.shape))
             return tensors
-        return self._queue("dist.reduce", tensors, check, work, tensors)
+        return self._queue("dist.reduce", tensors, check, work, tensors, opts=opts)
 
     def reduce_scatter(self, output_tensors, input_lists, opts=None):
         """Reduce every rank's list of blocks; this rank's block into ``output_tensors[0]``."""
@@ -218,7 +236,8 @@ class ProcessGroupHpctrain(dist.ProcessGroup):
             send = torch.cat([t.reshape(-1) for t in inputs])
             self._reduce_scatter_into(comm, send, output, [t.numel() for t in inputs], chosen)
             return [output]
-        return self._queue("dist.reduce_scatter", [output, *inputs], check, work, [output])
+        return self._queue("dist.reduce_scatter", [output, *inputs], check, work, [output],
+                           opts=opts)
 
     def reduce_scatter_single(self, output, input, opts=None):  # noqa: A002 - torch's name
         """``reduce_scatter_tensor``: ``input`` holds ``size`` equal blocks."""
@@ -251,7 +270,7 @@ class ProcessGroupHpctrain(dist.ProcessGroup):
                                           [out.numel()] * size, chosen)
             return outputs
         return self._queue("dist.reduce_scatter_tensor", [*outputs, *inputs], check, work,
-                           outputs)
+                           outputs, opts=opts)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -290,13 +309,13 @@ class ProcessGroupHpctrain(dist.ProcessGroup):
                 if copied:
                     tensor.copy_(flat.view(tensor.shape))
             return tensors
-        return self._queue("dist.broadcast", tensors, check, work, tensors)
+        return self._queue("dist.broadcast", tensors, check, work, tensors, opts=opts)
 
     def allgather(self, output_lists, input_tensors, opts=None):
         """Every rank's ``input_tensors[i]`` into ``output_lists[i]`` (one tensor per rank)
         on every rank."""
         return self._allgather_lists([list(outs) for outs in output_lists],
-                                     list(input_tensors), "dist.all_gather")
+                                     list(input_tensors), "dist.all_gather", opts)
 
     def allgather_coalesced(self, output_lists, input_tensors, opts=None):
         """``dist.all_gather_coalesced``: ``output_lists[r][i]`` gets rank ``r``'s
@@ -307,12 +326,13 @@ class ProcessGroupHpctrain(dist.ProcessGroup):
             def refuse():           # raised here and announced to the other ranks
                 raise ValueError(f"dist.all_gather_coalesced: give {self.size()} output "
                                  f"lists (one per rank) of {len(input_tensors)} tensors each")
-            return self._queue("dist.all_gather_coalesced", input_tensors, refuse, None, [])
+            return self._queue("dist.all_gather_coalesced", input_tensors, refuse, None, [],
+                               opts=opts)
         by_tensor = [[outs[i] for outs in by_rank] for i in range(len(input_tensors))]
         return self._allgather_lists(by_tensor, input_tensors, "dist.all_gather_coalesced",
-                                     by_rank)
+                                     opts, by_rank)
 
-    def _allgather_lists(self, output_lists, input_tensors, function, value=None):
+    def _allgather_lists(self, output_lists, input_tensors, function, opts, value=None):
         """``output_lists[i][r]`` gets rank ``r``'s ``input_tensors[i]``; one operation."""
 
         def check():
@@ -330,7 +350,7 @@ class ProcessGroupHpctrain(dist.ProcessGroup):
             return output_lists
         tensors = input_tensors + [t for outs in output_lists for t in outs]
         return self._queue(function, tensors, check, work,
-                           output_lists if value is None else value)
+                           output_lists if value is None else value, opts=opts)
 
     def all_gather_single(self, output, input, opts=None):  # noqa: A002 - torch's name
         """``all_gather_into_tensor``: every rank's ``input`` side by side in ``output``."""
@@ -362,7 +382,7 @@ class ProcessGroupHpctrain(dist.ProcessGroup):
                     out.copy_(flat.view(out.shape))
             return outputs
         return self._queue("dist.all_gather_into_tensor", [*outputs, *inputs], check, work,
-                           outputs)
+                           outputs, opts=opts)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -413,7 +433,7 @@ class ProcessGroupHpctrain(dist.ProcessGroup):
                 output.copy_(flat.view(output.shape))
             return [output]
         return self._queue("dist.all_to_all_single", [output, input], check, work, [output],
-                           agreed=[])
+                           agreed=[], opts=opts)
 
     alltoall_base = all_to_all_single
 
@@ -458,7 +478,7 @@ class ProcessGroupHpctrain(dist.ProcessGroup):
                 out.copy_(block.view(out.shape))
             return outputs
         return self._queue("dist.all_to_all", outputs + inputs, check, work, outputs,
-                           agreed=[])
+                           agreed=[], opts=opts)
 
     def gather(self, output_lists, input_tensors, opts=None):
         """Every rank's ``input_tensors[0]`` into the root's ``output_lists[0]``: an alltoall
@@ -485,7 +505,8 @@ class ProcessGroupHpctrain(dist.ProcessGroup):
                 for out, block in zip(outs, torch.split(recv, recvcounts)):
                     out.copy_(block.view(out.shape))
             return [outs]
-        return self._queue("dist.gather", [inp, *outs], check, work, [outs], agreed=[inp])
+        return self._queue("dist.gather", [inp, *outs], check, work, [outs], agreed=[inp],
+                           opts=opts)
 
     def scatter(self, output_tensors, input_lists, opts=None):
         """The root's ``input_lists[0][j]`` into rank ``j``'s ``output_tensors[0]``: an
@@ -512,12 +533,13 @@ class ProcessGroupHpctrain(dist.ProcessGroup):
             if copied:
                 out.copy_(flat.view(out.shape))
             return [out]
-        return self._queue("dist.scatter", [out, *ins], check, work, [out], agreed=[out])
+        return self._queue("dist.scatter", [out, *ins], check, work, [out], agreed=[out],
+                           opts=opts)
 
     def barrier(self, opts=None):
         """Complete once every rank of the group has called it."""
         return self._queue("dist.barrier", [], lambda: ((), None),
-                           lambda comm, infos: None, [])
+                           lambda comm, infos: None, [], opts=opts)
 
     # ----- point to point ------------------------------------------------------------------
 
@@ -560,11 +582,12 @@ class ProcessGroupHpctrain(dist.ProcessGroup):
         leaves the others waiting, until the engine's deadlock verdict fails them all
         (``HPCTRAIN_DEADLOCK_S``) when that rank waits in another collective.
         """
-        pset = make_set(self.world, ranks)
+        pset = make_set(self.world, ranks, self.timeout)
         if self.world.rank not in pset.ranks:
             return None
         return ProcessGroupHpctrain(self.world, pset, P2P_COMMS[pset.process_set_id],
-                                    group_name or "", group_desc or "")
+                                    group_name or "", group_desc or "",
+                                    timeout=seconds(timeout))
 
     def shutdown(self):
         """``destroy_process_group``: the default group ends hpctrain.torch's world where it
@@ -577,6 +600,7 @@ class ProcessGroupHpctrain(dist.ProcessGroup):
                 if comm is not None:
                     comm.Free()
             P2P_COMMS.clear()
+            self.world.duplicates.clear()
             basics.shutdown()
 
     def abort(self):
@@ -588,24 +612,37 @@ class ProcessGroupHpctrain(dist.ProcessGroup):
 P2P_COMMS = {}
 
 
-def make_set(w, ranks):
+def p2p_duplicate(w, comm):
+    """The point-to-point communicator of a set whose communicator is ``comm`` (``None`` off
+    the set): a duplicate, which the world revokes with its own after a death, so that a
+    receive waiting for a survivor fails too instead of waiting for ever."""
+    if comm is None:
+        return None
+    p2p_comm = comm.Dup()
+    w.duplicates.append(p2p_comm)
+    return p2p_comm
+
+
+def make_set(w, ranks, timeout=None):
     """A new process set of the world ranks ``ranks``, made on every rank (one operation of
-    the global set), with its communicator and its point-to-point duplicate, even where a
-    set of those ranks exists (torch's groups of the same ranks are distinct groups). A rank
-    that makes another collective instead, or names other ranks, fails with the others."""
+    the global set, which fails on every rank if some rank has not asked for it within
+    ``timeout`` seconds: the default group's), with its communicator and its point-to-point
+    duplicate, even where a set of those ranks exists (torch's groups of the same ranks are
+    distinct groups). A rank that makes another collective instead, or names other ranks,
+    fails with the others."""
     members = sorted(int(r) for r in ranks)
     pset = ProcessSet(members)
 
     def register(comm, infos):
         w.register_set(pset, members, distinct=False)
-        P2P_COMMS[pset.process_set_id] = pset.comm.Dup() if pset.comm is not None else None
+        P2P_COMMS[pset.process_set_id] = p2p_duplicate(w, pset.comm)
         return None, None
 
     call = start("new_group", None, global_process_set, lambda p: None)
     synchronize(submit(w, global_process_set, call.name, ("new_group", tuple(members)),
                        f"dist.new_group({members}) (every rank of the default group calls "
                        f"new_group with the same ranks, in the same order as its "
-                       f"collectives)", register))
+                       f"collectives)", register, timeout=timeout))
     return pset
 
 
@@ -629,8 +666,6 @@ def create(options, backend_options=None):
                          f"or world_size=, or launch with a matching -np")
     if 0 not in P2P_COMMS:
         P2P_COMMS[0] = object_call("c10d_p2p", None, global_process_set,
-                                   lambda comm: comm.Dup())
-    timeout = getattr(options, "timeout", None)
-    group = ProcessGroupHpctrain(w, global_process_set, P2P_COMMS[0], owns_world=owns)
-    group.timeout = timeout if isinstance(timeout, datetime.timedelta) else None
-    return group
+                                   lambda comm: p2p_duplicate(w, comm))
+    return ProcessGroupHpctrain(w, global_process_set, P2P_COMMS[0], owns_world=owns,
+                                timeout=seconds(getattr(options, "timeout", None)))

@@ -9,6 +9,11 @@ per process (:class:`Progress`) tests the posted requests and finishes each one'
 which completes its torch future: futures complete whether or not anyone waits on the work.
 
 CUDA tensors are staged through host memory (MPI's point-to-point is given host buffers only).
+
+With a fault-tolerant MPI, a rank's death fails the posted requests: those involving it at
+once, the others when the world revokes its communicators, these among them
+(``World.duplicates``); each with a :class:`~hpctrain.torch.engine.ProcessFailure` that says
+who died. There is no timeout: a receive whose sender never sends waits, as MPI's does.
 """
 
 import threading
@@ -17,6 +22,7 @@ import time
 import torch
 
 from .work import FutureHandle, Work
+from ..engine import ProcessFailure, lost, process_failure
 
 #: Seconds between tests of the posted requests while any are in flight.
 POLL_S = 0.0001
@@ -27,14 +33,15 @@ class Progress:
     at the first post, idle without requests)."""
 
     def __init__(self):
-        self._posted = []               # (MPI request, finish(status)) pairs
+        self._posted = []               # (MPI request, communicator, finish) triples
         self._lock = threading.Condition()
         self._thread = None
 
-    def post(self, request, finish):
-        """Hand ``request`` over; ``finish(status)`` runs on this thread once it completes."""
+    def post(self, request, comm, finish):
+        """Hand ``request`` (posted on ``comm``) over; ``finish(status, error)`` runs on this
+        thread once it completes or fails."""
         with self._lock:
-            self._posted.append((request, finish))
+            self._posted.append((request, comm, finish))
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._serve, name="hpctrain-p2p",
                                                 daemon=True)
@@ -50,12 +57,12 @@ class Progress:
                     self._lock.wait()
                 posted = list(self._posted)
             done = []
-            for request, finish in posted:
+            for request, comm, finish in posted:
                 status = MPI.Status()
                 try:
                     complete = request.Test(status)
                 except Exception as exc:  # noqa: BLE001 - the waiting caller hears of it
-                    finish(None, exc)
+                    finish(None, failure(comm, exc))
                     done.append(request)
                     continue
                 if complete:
@@ -70,6 +77,15 @@ class Progress:
 PROGRESS = Progress()
 
 
+def failure(comm, exc):
+    """The error a send or receive on ``comm`` ends with when MPI raised ``exc``: with a
+    fault-tolerant MPI, a rank's death (or the revoke that follows it) is a
+    :class:`~hpctrain.torch.engine.ProcessFailure` that says who died, as the collectives'."""
+    if process_failure(exc):
+        return ProcessFailure(lost(comm, exc))
+    return exc
+
+
 def _host_view(tensor):
     """A contiguous host tensor with ``tensor``'s bytes (``tensor`` itself where it is one)."""
     if tensor.is_cuda:
@@ -82,13 +98,22 @@ def _bytes(tensor):
         bytearray()
 
 
+def _posted(comm, post):
+    """``post()``'s request; a death MPI reports already is raised as :func:`failure`."""
+    try:
+        return post()
+    except Exception as exc:  # noqa: BLE001 - re-raised, said better where it is a death
+        raise failure(comm, exc) from exc
+
+
 def send(comm, tensor, peer, tag):
     """Post the send of ``tensor`` to group rank ``peer``; return its :class:`Work`."""
     host = _host_view(tensor)
     handle = FutureHandle(lambda result: [tensor])
-    request = comm.Isend(_bytes(host), dest=peer, tag=tag)
+    request = _posted(comm, lambda: comm.Isend(_bytes(host), dest=peer, tag=tag))
     # ``host`` stays referenced by the closure until MPI is done with it.
-    PROGRESS.post(request, lambda status, error, keep=host: handle.finish((None, None), error))
+    PROGRESS.post(request, comm,
+                  lambda status, error, keep=host: handle.finish((None, None), error))
     return Work(handle)
 
 
@@ -101,11 +126,11 @@ def recv(comm, tensor, peer, tag):
         torch.empty(tensor.shape, dtype=tensor.dtype)
     handle = FutureHandle(lambda result: [tensor])
     source = MPI.ANY_SOURCE if peer is None else peer
-    request = comm.Irecv(_bytes(host), source=source, tag=tag)
+    request = _posted(comm, lambda: comm.Irecv(_bytes(host), source=source, tag=tag))
 
     def finish(status, error):
         if error is None and host is not tensor:
             tensor.copy_(host)
         handle.finish(None if status is None else (status.Get_source(), None), error)
-    PROGRESS.post(request, finish)
+    PROGRESS.post(request, comm, finish)
     return Work(handle)

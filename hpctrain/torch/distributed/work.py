@@ -18,22 +18,35 @@ from ..ops.common import synchronize
 
 class FutureHandle(Handle):
     """An engine :class:`~hpctrain.torch.engine.Handle` that also completes a torch future:
-    with ``value(result)`` when the operation ran, with its exception when it failed."""
+    with ``value(result)`` when the operation ran, with its exception when it failed.
 
-    __slots__ = ("future", "value")
+    The future handed out is a ``then`` of a private one, whose callback returns the value
+    or raises the error: the one way Python has to fail a torch future that C++ sees as
+    failed. ``Future.set_exception`` stores the exception as the future's *value* (Python's
+    ``wait`` raises it, C++ does not): DDP's reducer then takes the exception for its
+    gradients and crashes the process (seen: a segmentation fault in
+    ``parseCppCommHookResult`` after a rank died). So a failed operation raises
+    ``RuntimeError`` from ``future.wait()`` and from DDP's backward, as gloo's do.
+    """
+
+    __slots__ = ("future", "value", "_ended")
 
     def __init__(self, value):
         super().__init__()
-        self.future = torch.futures.Future()
+        self._ended = torch.futures.Future()
+        self.future = self._ended.then(self._outcome)
         self.value = value
+
+    def _outcome(self, _):
+        if self.error is not None:
+            raise self.error
+        return self.value(self.result[0])
 
     def finish(self, result=None, error=None):
         """Complete the future, then the operation (on the finishing thread): whoever
         ``wait()`` wakes finds the future done too."""
-        if error is not None:
-            self.future.set_exception(error)
-        else:
-            self.future.set_result(self.value(result[0]))
+        self.result, self.error = result, error     # what _outcome reads
+        self._ended.set_result(None)
         super().finish(result, error)
 
 

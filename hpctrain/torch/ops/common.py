@@ -142,10 +142,10 @@ def announce_invalid(w, pset, name, reason):
         pass        # the name is in flight here already, or the engine has ended
 
 
-def submit(w, pset, name, signature, describe, run, info=None, repeats=False):
+def submit(w, pset, name, signature, describe, run, info=None, repeats=False, timeout=None):
     """Queue one operation (see :class:`hpctrain.torch.engine.Request`); return its handle."""
     return w.engine.submit(Request(pset.process_set_id, name, signature, describe, run, info,
-                                   repeats))
+                                   repeats, timeout))
 
 
 def describe_tensors(kind, name, tensors, **extra):
