@@ -1,0 +1,438 @@
+"""The output of a launch: every rank's lines tagged with its rank, as horovodrun does, and
+one root-cause block at the end of a job that failed, as torchrun does.
+
+    python -m hpctrain.launch.output [--tag-output | --no-tag-output] -- LAUNCHER ARGS...
+
+runs ``LAUNCHER`` (``mpirun`` or ``srun``; jobs/lib/launch.sh starts its steps this way, and
+``hpctrain-horovodrun`` and ``python -m hpctrain.launch`` call :func:`run`). The launcher is
+asked to label each line with its rank (mpirun ``--tag-output``: ``[JOB,RANK]<stdout>:``;
+srun ``--label``: ``RANK: ``), so that this process can tell the ranks' lines apart; it
+writes each one to the stream it came on, as ``[RANK]<stdout>:LINE`` (``--tag-output``) or
+as the rank wrote it (``--no-tag-output``). Lines of the launcher's own pass as they are.
+A line a rank is still writing (a progress bar redrawn with ``\\r``) is passed on as it
+comes, not held until its end.
+
+From the same lines it learns who failed (:class:`Failures`):
+
+- hpctrain's guard (:func:`hpctrain.runtime.end_job`, behind ``python -m hpctrain`` and
+  ``hvd.init()``): ``[hpctrain] rank R of N on HOST (pid P) failed (exit status S) at
+  TIME:``, then the rank's traceback or message;
+- a Python traceback that a rank printed without the guard (``python -m mpi4py``);
+- mpirun's notices: ``MPI_ABORT was invoked on rank R ... with errorcode S``, ``process
+  rank R with PID P on node HOST exited on signal N (NAME)``, ``Process name: [[J,R]] Exit
+  code: S``; srun's: ``srun: error: HOST: task R: Exited with exit code S`` (or the signal).
+
+When the job ends with a non-zero status this process writes one block on stderr: the first
+rank to fail (by the time the guard stamped, else by when its notice was read), its host,
+pid, exit status or signal, and the first lines of its error (a traceback's exception and
+the frame that raised it). Bad input that the ranks agreed on (every rank exits 2 after
+rank 0 said why, :mod:`hpctrain.runtime`) is not a failure: no block. Its exit status is
+the launcher's (128 + N for a launcher ended by signal N).
+"""
+
+import calendar
+import collections
+import dataclasses
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from ..runtime import stamp
+
+#: Each launcher's option that labels every line with its rank.
+LABELS = {"mpirun": ["--tag-output"], "srun": ["--label"]}
+#: Program names of each launcher.
+PROGRAMS = {"mpirun": "mpirun", "mpiexec": "mpirun", "orterun": "mpirun", "srun": "srun"}
+#: Lines of a failed rank's error that the block shows.
+ERROR_LINES = 6
+#: Lines after the guard's header kept for the block (a traceback's end is what it shows).
+KEPT_LINES = 200
+#: A rank's status when its error is bad input, which it has said itself (errors.UsageError).
+BAD_INPUT = 2
+
+_MPIRUN_TAG = re.compile(rb"\[\d+,(\d+)\]<(?:stdout|stderr|stddiag)>:")
+_SRUN_LABEL = re.compile(rb" *(\d+): ")
+_GUARD = re.compile(r"\[hpctrain\] rank (\d+)(?: of (\d+))? on (\S+) \(pid (\d+)\) failed"
+                    r"(?: \(exit status (-?\d+)\))?(?: at (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"
+                    r"(?:\.\d+)?) UTC)?:\s*$")
+_TRACEBACK = "Traceback (most recent call last):"
+_ABORT = re.compile(r"MPI_ABORT was invoked on rank (\d+) in communicator")
+_ERRORCODE = re.compile(r"with errorcode (-?\d+)")
+_SIGNALLED = re.compile(r"process rank (\d+) with PID (\d+) on node (\S+) exited on signal "
+                        r"(\d+)(?: \(([^)]*)\))?")
+_PROCESS = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]")
+_EXIT_CODE = re.compile(r"Exit code:\s*(-?\d+)")
+_SRUN_ERROR = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): (.*?)\s*$")
+_SRUN_EXIT = re.compile(r"Exited with exit code (\d+)")
+
+
+@dataclasses.dataclass
+class Failure:
+    """What the output says of one rank's failure."""
+
+    rank: int
+    seen: float                 # time.time() when the launcher's output first said it
+    at: float = None            # when the rank failed, as hpctrain's guard stamped it
+    stamped: str = None         # that stamp as it wrote it
+    size: int = None
+    host: str = None
+    pid: int = None
+    status: int = None          # its exit status
+    signal: str = None          # or the signal that ended it, as the launcher names it
+    lines: list = dataclasses.field(default_factory=list)   # its error, as it printed it
+    said: bool = False          # it printed its own error (the guard's report, a traceback)
+
+    @property
+    def time(self):
+        """When it failed: the guard's stamp, else when the launcher read of it."""
+        return self.at if self.at is not None else self.seen
+
+    def bad_input(self):
+        """True for a rank that ended on bad input it reported itself: no failure."""
+        return self.status == BAD_INPUT and self.signal is None and not any(
+            line.startswith(_TRACEBACK) for line in self.lines)
+
+
+class Failures:
+    """The failures that a launch's output tells of, from the ranks' lines and the
+    launcher's; :meth:`root_cause` is the first. Lines may come from two threads."""
+
+    def __init__(self):
+        self.failures = {}          # rank -> Failure
+        self.recent = {}            # rank -> its last lines on stderr
+        self._collecting = {}       # rank -> the Failure whose error lines follow
+        self._abort = None          # the rank of an MPI_ABORT notice, awaiting its code
+        self._process = None        # the rank of an mpirun exit notice, awaiting its code
+        self._lock = threading.Lock()
+
+    def _failure(self, rank, now=None):
+        if rank not in self.failures:
+            self.failures[rank] = Failure(rank, time.time() if now is None else now)
+        return self.failures[rank]
+
+    def rank_line(self, rank, text, stderr=True):
+        """A whole line that rank ``rank`` wrote (``text``, without its end)."""
+        with self._lock:
+            if stderr:
+                recent = self.recent.setdefault(rank, collections.deque(maxlen=ERROR_LINES))
+                recent.append(text)
+            header = _GUARD.match(text)
+            if header:
+                failure = self._failure(int(header.group(1)))
+                failure.said, failure.lines = True, []
+                failure.size = int(header.group(2)) if header.group(2) else None
+                failure.host, failure.pid = header.group(3), int(header.group(4))
+                if header.group(5) is not None:
+                    failure.status = int(header.group(5))
+                if header.group(6):
+                    failure.at = _parse_utc(header.group(6))
+                    failure.stamped = f"{header.group(6)} UTC"
+                self._collecting[rank] = failure
+            elif rank in self._collecting:
+                failure = self._collecting[rank]
+                if len(failure.lines) < KEPT_LINES:
+                    failure.lines.append(text)
+            elif stderr and text.startswith(_TRACEBACK):
+                # A traceback without the guard's header: the rank failed, and says no more.
+                failure = self._failure(rank)
+                failure.said, failure.lines = True, [text]
+                self._collecting[rank] = failure
+
+    def launcher_line(self, text):
+        """A whole line of the launcher's own (mpirun's, srun's)."""
+        with self._lock:
+            self._notice(text.strip())
+
+    def _notice(self, text):
+        abort = _ABORT.search(text)
+        if abort:
+            self._abort = int(abort.group(1))
+        code = _ERRORCODE.search(text)
+        if code and self._abort is not None:
+            self._set_status(self._abort, int(code.group(1)))
+            self._abort = None
+        signalled = _SIGNALLED.search(text)
+        if signalled:
+            failure = self._failure(int(signalled.group(1)))
+            # (Open MPI names PID 0 where it did not learn the rank's pid.)
+            failure.pid = int(signalled.group(2)) or failure.pid
+            failure.host = signalled.group(3)
+            failure.signal = _signal_text(int(signalled.group(4)), signalled.group(5))
+        process = _PROCESS.search(text)
+        if process:
+            self._process = int(process.group(1))
+        code = _EXIT_CODE.search(text)
+        if code and self._process is not None:
+            self._set_status(self._process, int(code.group(1)))
+            self._process = None
+        srun = _SRUN_ERROR.search(text)
+        if srun:
+            host, what = srun.group(1), srun.group(3)
+            exited = _SRUN_EXIT.search(what)
+            for rank in _task_list(srun.group(2)):
+                failure = self._failure(rank)
+                failure.host = failure.host or host
+                if exited:
+                    self._set_status(rank, int(exited.group(1)))
+                elif failure.signal is None:
+                    failure.signal = what
+
+    def _set_status(self, rank, status):
+        failure = self._failure(rank)
+        if failure.status is None:
+            failure.status = status
+
+    def root_cause(self):
+        """The first :class:`Failure` by time, or ``None`` when no rank failed (bad input
+        that the ranks reported is no failure)."""
+        with self._lock:
+            failed = [f for f in self.failures.values() if not f.bad_input()]
+        return min(failed, key=lambda f: (f.time, f.rank)) if failed else None
+
+    def block(self, name, status):
+        """The root-cause block, lines without their end, for a launch by ``name`` that
+        exited with ``status``; ``[]`` when it succeeded or no rank failed."""
+        if status == 0:
+            return []
+        first = self.root_cause()
+        if first is None:
+            if self.failures:
+                return []       # bad input, which the ranks have reported
+            return _framed(name, [f"  no rank's failure was seen: the launcher exited with "
+                                  f"status {status}"])
+        others = sorted(f.rank for f in self.failures.values()
+                        if f is not first and not f.bad_input())
+        rank = f"{first.rank}" + (f" (of {first.size})" if first.size else "")
+        lines = [f"  rank:   {rank}", f"  host:   {first.host or 'not said'}"]
+        if first.pid is not None:
+            lines.append(f"  pid:    {first.pid}")
+        lines.append(f"  time:   {first.stamped or stamp(first.time)}")
+        exits = [f"signal {first.signal}" if first.signal else "",
+                 f"status {first.status}" if first.status is not None else ""]
+        lines.append(f"  exit:   {', '.join(e for e in exits if e) or 'not said'}")
+        error = error_lines(first.lines)
+        lines += [f"  {'error:' if i == 0 else '':<7} {line}" for i, line in enumerate(error)]
+        if not error:
+            last = [line for line in self.recent.get(first.rank, ()) if line.strip()]
+            lines += [f"  {'last:' if i == 0 else '':<7} {line}" for i, line in enumerate(last)]
+            if not last:
+                lines.append("  error:  the rank printed none")
+        lines.append(f"  then:   {_then(others)}; the launcher exited with status {status}")
+        return _framed(name, lines)
+
+
+def error_lines(lines, limit=ERROR_LINES):
+    """The first lines of an error as a rank printed it: for a Python traceback, the
+    exception that ends it and the frame that raised it; else its first lines."""
+    if not any(line.startswith(_TRACEBACK) for line in lines):
+        return [line for line in lines if line.strip()][:limit]
+    frames = [i for i, line in enumerate(lines) if line.startswith('  File "')]
+    last = frames[-1] if frames else lines.index(_TRACEBACK)
+    rest = lines[last + 1:]
+    # The frame's source line and its carets are indented; the exception is not.
+    start = next((i for i, line in enumerate(rest) if line and not line[0].isspace()),
+                 len(rest))
+    exception = [line for line in rest[start:] if line.strip()][:limit - 1]
+    return [*exception, f"({lines[last].strip()})"] if frames else exception
+
+
+def _then(others):
+    if not others:
+        return "no other rank failed on its own"
+    listed = ", ".join(map(str, others[:8])) + (", ..." if len(others) > 8 else "")
+    return f"rank{'s' if len(others) > 1 else ''} {listed} ended after it"
+
+
+def _framed(name, lines):
+    rule = "=" * 78
+    return [rule, f"{name}: the job failed. Root cause (the first failure seen):", *lines,
+            rule]
+
+
+def _task_list(text):
+    """``"0,2-3"`` -> ``[0, 2, 3]``."""
+    ranks = []
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        if low.isdigit():
+            ranks += range(int(low), int(high or low) + 1) if (high or low).isdigit() else []
+    return ranks
+
+
+def _signal_text(number, name):
+    try:
+        known = signal.Signals(number).name
+    except ValueError:
+        known = None
+    return f"{number} ({known or name})" if known or name else str(number)
+
+
+def _parse_utc(text):
+    # The guard's stamp (hpctrain.runtime.stamp) back to seconds.
+    whole, _, fraction = text.partition(".")
+    base = calendar.timegm(time.strptime(whole, "%Y-%m-%d %H:%M:%S"))
+    return base + (float(f"0.{fraction}") if fraction else 0.0)
+
+
+# --- relaying the output ----------------------------------------------------------------------
+
+class Relay:
+    """One of the launcher's streams (stdout or stderr), copied to ``out`` line by line:
+    each rank's line with its tag (``tag``) or bare, each line told to ``failures``."""
+
+    def __init__(self, source, out, failures, *, launcher, tag, stderr):
+        self.source, self.out, self.failures = source, out, failures
+        self.label = {"mpirun": _MPIRUN_TAG, "srun": _SRUN_LABEL}.get(launcher)
+        self.partial = launcher == "mpirun"     # srun passes whole lines only
+        self.tag, self.stderr = tag, stderr
+        self.stream = b"stderr" if stderr else b"stdout"
+        self.open = None            # the rank whose line is written in part, or None
+        self.text = b""             # that line so far, for the failures
+
+    def run(self):
+        """Copy until the launcher closes the stream."""
+        pending = b""
+        while True:
+            chunk = os.read(self.source, 65536)
+            if not chunk:
+                break
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                self.piece(line + b"\n")
+            if pending and self.partial and self._whole_label(pending):
+                self.piece(pending)
+                pending = b""
+        if pending:
+            self.piece(pending + b"\n")
+        self.out.flush()
+
+    def _whole_label(self, data):
+        match = self.label.match(data) if self.label else None
+        return match is not None and match.end() < len(data)
+
+    def piece(self, data):
+        """Write ``data``: a whole line (it ends with a newline) or its first part."""
+        match = self.label.match(data) if self.label else None
+        if match is None:
+            self._end_open()
+            self.out.write(data)
+            self.out.flush()
+            if data.endswith(b"\n"):
+                self.failures.launcher_line(data.decode(errors="replace").rstrip("\n"))
+            return
+        rank = int(match.group(1))
+        # mpirun tags every piece it forwards, also the rest of a line begun before.
+        body = data[match.end():].replace(match.group(0), b"")
+        if self.open != rank:
+            self._end_open()
+            if self.tag:
+                self.out.write(b"[%d]<%s>:" % (rank, self.stream))
+        self.out.write(body)
+        self.out.flush()
+        self.text += body
+        if body.endswith(b"\n"):
+            self.failures.rank_line(rank, self.text.decode(errors="replace").rstrip("\r\n"),
+                                    self.stderr)
+            self.open, self.text = None, b""
+        else:
+            self.open = rank
+
+    def _end_open(self):
+        # Another rank's line (or the launcher's) while one was written in part: end it.
+        if self.open is not None:
+            self.out.write(b"\n")
+            self.failures.rank_line(self.open, self.text.decode(errors="replace"),
+                                    self.stderr)
+            self.open, self.text = None, b""
+
+
+def launcher_of(argv):
+    """``"mpirun"``, ``"srun"`` or ``None``: the launcher that ``argv`` runs."""
+    return PROGRAMS.get(os.path.basename(argv[0])) if argv else None
+
+
+def labelled(argv):
+    """``argv`` with its launcher's option that labels every line with its rank."""
+    return [argv[0], *LABELS.get(launcher_of(argv), []), *argv[1:]]
+
+
+def run(argv, env=None, *, tag=True, name="hpctrain", stdout=None, stderr=None):
+    """Run the launch ``argv`` (``mpirun ...``, ``srun ...``) with its lines labelled,
+    relay them (tagged with ``tag``), then, if it failed, write the root-cause block of
+    ``name`` on stderr; return its exit status.
+
+    SIGTERM and SIGHUP are passed on to the launcher, and SIGINT where no terminal gave it
+    to the launcher already; this process goes on relaying until the launcher has ended.
+    """
+    stdout = stdout or sys.stdout.buffer
+    stderr = stderr or sys.stderr.buffer
+    launcher = launcher_of(argv)
+    failures = Failures()
+    proc = subprocess.Popen(labelled(argv), env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    previous = _pass_signals(proc)
+    try:
+        relays = [Relay(pipe.fileno(), out, failures, launcher=launcher, tag=tag,
+                        stderr=out is stderr)
+                  for pipe, out in ((proc.stdout, stdout), (proc.stderr, stderr))]
+        threads = [threading.Thread(target=relay.run, daemon=True) for relay in relays]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        status = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    status = 128 - status if status < 0 else status
+    block = failures.block(name, status)
+    if block:
+        stderr.write(("\n".join(block) + "\n").encode())
+        stderr.flush()
+    return status
+
+
+def _pass_signals(proc):
+    """Pass SIGTERM, SIGHUP and SIGINT on to ``proc``; return the handlers replaced. SIGINT
+    from a terminal reaches the launcher itself (one process group): not passed twice."""
+    def pass_on(signum, _frame):
+        if proc.poll() is None:
+            proc.send_signal(signum)
+
+    signals = [signal.SIGTERM, signal.SIGHUP]
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    previous = {sig: signal.signal(sig, pass_on) for sig in signals}
+    previous[signal.SIGINT] = signal.signal(
+        signal.SIGINT, signal.SIG_IGN if os.isatty(0) else pass_on)
+    return previous
+
+
+USAGE = ("usage: python -m hpctrain.launch.output [--tag-output | --no-tag-output] -- "
+         "LAUNCHER ARGS...")
+
+
+def main(argv=None):
+    """``python -m hpctrain.launch.output [--tag-output|--no-tag-output] -- LAUNCHER ...``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    tag = True
+    while argv and argv[0] in ("--tag-output", "--no-tag-output"):
+        tag = argv.pop(0) == "--tag-output"
+    if argv[:1] != ["--"] or len(argv) < 2:
+        print(USAGE, file=sys.stderr)
+        return 2
+    try:
+        return run(argv[1:], tag=tag, name=os.path.basename(argv[1]))
+    except OSError as exc:
+        print(f"python -m hpctrain.launch.output: cannot run {argv[1]}: {exc}",
+              file=sys.stderr)
+        return 127
+
+
+if __name__ == "__main__":
+    sys.exit(main())
