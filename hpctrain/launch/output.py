@@ -56,6 +56,8 @@ BAD_INPUT = 2
 
 _MPIRUN_TAG = re.compile(rb"\[\d+,(\d+)\]<(?:stdout|stderr|stddiag)>:")
 _SRUN_LABEL = re.compile(rb" *(\d+): ")
+#: The first bytes of an mpirun tag, cut off by a read.
+_TAG_START = re.compile(rb"\[\d*(?:,\d*(?:\](?:<[a-z]*>?)?)?)?")
 _GUARD = re.compile(r"\[hpctrain\] rank (\d+)(?: of (\d+))? on (\S+) \(pid (\d+)\) failed"
                     r"(?: \(exit status (-?\d+)\))?(?: at (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"
                     r"(?:\.\d+)?) UTC)?:\s*$")
@@ -281,74 +283,123 @@ def _parse_utc(text):
 # --- relaying the output ----------------------------------------------------------------------
 
 class Relay:
-    """One of the launcher's streams (stdout or stderr), copied to ``out`` line by line:
-    each rank's line with its tag (``tag``) or bare, each line told to ``failures``."""
+    """One of the launcher's streams (stdout or stderr), copied to ``out``: each rank's lines
+    with its tag (``tag``) or bare, the launcher's own as they are; every whole line told to
+    ``failures``.
+
+    srun labels whole lines. mpirun forwards what a rank wrote in pieces, each piece with
+    its tag, and a tag after every newline inside a piece: a line may come in parts (a
+    progress bar redrawn with ``\\r``), between parts of other ranks' lines. Each rank's
+    bytes are kept apart; a part is written as it comes while no other rank's line is half
+    written, else when its line is whole.
+    """
 
     def __init__(self, source, out, failures, *, launcher, tag, stderr):
         self.source, self.out, self.failures = source, out, failures
+        self.pieces = launcher == "mpirun"
         self.label = {"mpirun": _MPIRUN_TAG, "srun": _SRUN_LABEL}.get(launcher)
-        self.partial = launcher == "mpirun"     # srun passes whole lines only
         self.tag, self.stderr = tag, stderr
         self.stream = b"stderr" if stderr else b"stdout"
-        self.open = None            # the rank whose line is written in part, or None
-        self.text = b""             # that line so far, for the failures
+        self.raw = b""              # read, not parsed yet
+        self.current = None         # mpirun: the rank whose piece the next bytes continue
+        self.unwritten = {}         # rank -> its bytes not written yet
+        self.lines = {}             # rank -> its line so far, for the failures
+        self.open = None            # the rank whose line is written in part
 
     def run(self):
         """Copy until the launcher closes the stream."""
-        pending = b""
         while True:
             chunk = os.read(self.source, 65536)
             if not chunk:
                 break
-            pending += chunk
-            *lines, pending = pending.split(b"\n")
-            for line in lines:
-                self.piece(line + b"\n")
-            if pending and self.partial and self._whole_label(pending):
-                self.piece(pending)
-                pending = b""
-        if pending:
-            self.piece(pending + b"\n")
-        self.out.flush()
-
-    def _whole_label(self, data):
-        match = self.label.match(data) if self.label else None
-        return match is not None and match.end() < len(data)
-
-    def piece(self, data):
-        """Write ``data``: a whole line (it ends with a newline) or its first part."""
-        match = self.label.match(data) if self.label else None
-        if match is None:
-            self._end_open()
-            self.out.write(data)
-            self.out.flush()
-            if data.endswith(b"\n"):
-                self.failures.launcher_line(data.decode(errors="replace").rstrip("\n"))
-            return
-        rank = int(match.group(1))
-        # mpirun tags every piece it forwards, also the rest of a line begun before.
-        body = data[match.end():].replace(match.group(0), b"")
-        if self.open != rank:
-            self._end_open()
-            if self.tag:
-                self.out.write(b"[%d]<%s>:" % (rank, self.stream))
-        self.out.write(body)
-        self.out.flush()
-        self.text += body
-        if body.endswith(b"\n"):
-            self.failures.rank_line(rank, self.text.decode(errors="replace").rstrip("\r\n"),
-                                    self.stderr)
-            self.open, self.text = None, b""
-        else:
-            self.open = rank
-
-    def _end_open(self):
-        # Another rank's line (or the launcher's) while one was written in part: end it.
+            self.raw += chunk
+            self._parse()
+        self._parse(end=True)
         if self.open is not None:
             self.out.write(b"\n")
-            self.failures.rank_line(self.open, self.text.decode(errors="replace"),
+        self.out.flush()
+
+    def _parse(self, end=False):
+        while self.raw:
+            if self.current is not None:
+                if not self._rank_bytes(end):
+                    break
+                continue
+            match = self.label.match(self.raw) if self.label else None
+            if match is not None and (self.pieces or b"\n" in self.raw or end):
+                self.current, self.raw = int(match.group(1)), self.raw[match.end():]
+                continue
+            newline = self.raw.find(b"\n")
+            if not end and (newline < 0 or self.pieces and _TAG_START.fullmatch(self.raw)):
+                break           # the rest of a line, or of a tag, is still to come
+            self._own(self.raw[:newline + 1] if newline >= 0 else self.raw + b"\n")
+            self.raw = self.raw[newline + 1:] if newline >= 0 else b""
+
+    def _rank_bytes(self, end):
+        """Hand the current rank the bytes up to its line's end or the next tag; False when
+        they have to wait for more."""
+        newline = self.raw.find(b"\n")
+        stop = len(self.raw) if newline < 0 else newline + 1
+        if self.pieces:
+            tag = self.label.search(self.raw, 0, stop)
+            if tag is not None:
+                stop = tag.start()
+            elif newline < 0 and not end:
+                # Not a tag's first bytes: they may be the next piece's, cut by the read.
+                cut = self.raw.rfind(b"[")
+                if cut >= 0 and _TAG_START.fullmatch(self.raw[cut:]):
+                    stop = cut
+        elif newline < 0 and not end:
+            return False
+        if stop == 0 and not (self.pieces and self.label.match(self.raw)):
+            return False
+        data, self.raw = self.raw[:stop], self.raw[stop:]
+        rank = self.current
+        if data.endswith(b"\n") or not self.pieces or self.label.match(self.raw) or end:
+            self.current = None
+        self._rank_data(rank, data)
+        return True
+
+    def _rank_data(self, rank, data):
+        self.unwritten[rank] = self.unwritten.get(rank, b"") + data
+        line = self.lines.get(rank, b"") + data
+        *whole, self.lines[rank] = line.split(b"\n")
+        for text in whole:
+            self.failures.rank_line(rank, text.decode(errors="replace").rstrip("\r"),
                                     self.stderr)
-            self.open, self.text = None, b""
+        self._write()
+
+    def _write(self):
+        # The rank whose line is half written goes first; a line that another rank has
+        # half written is ended only for a whole line, not for a part.
+        moved = True
+        while moved:
+            moved = False
+            for rank in sorted(self.unwritten, key=lambda r: r != self.open):
+                data = self.unwritten[rank]
+                newline = data.find(b"\n")
+                if not data or self.open not in (None, rank) and newline < 0:
+                    continue
+                if self.open not in (None, rank):
+                    self.out.write(b"\n")
+                    self.open = None
+                part = data if newline < 0 else data[:newline + 1]
+                if self.open != rank and self.tag:
+                    self.out.write(b"[%d]<%s>:" % (rank, self.stream))
+                self.out.write(part)
+                self.unwritten[rank] = data[len(part):]
+                self.open = None if part.endswith(b"\n") else rank
+                moved = True
+        self.out.flush()
+
+    def _own(self, line):
+        # A line of the launcher's own: after the ranks' half-written line is ended.
+        if self.open is not None:
+            self.out.write(b"\n")
+            self.open = None
+        self.out.write(line)
+        self.out.flush()
+        self.failures.launcher_line(line.decode(errors="replace").rstrip("\n"))
 
 
 def launcher_of(argv):
