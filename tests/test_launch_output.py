@@ -6,7 +6,6 @@ and ``python -m hpctrain.launch`` (``jobs/run.sbatch`` under Slurm: tests/test_s
 
 import io
 import os
-import re
 import socket
 import sys
 import threading
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_bounded
+from conftest import assert_root_cause, run_bounded
 from hpctrain.launch import launch_environment
 from hpctrain.launch.output import Failures, Relay, error_lines, labelled
 from hpctrain.runtime import stamp
@@ -188,19 +187,6 @@ def test_a_rank_that_raises_is_named_in_one_block_at_the_end(launcher):
     assert done.returncode == 1, done.output
     assert_root_cause(done.output, rank=1, size=4, host=socket.gethostname(),
                       error="RuntimeError: rank 1 fails on purpose")
-
-
-def assert_root_cause(output, *, rank, size, host, error):
-    """``output`` ends with one root-cause block that names ``rank`` (of ``size``), ``host``
-    and ``error``, with the frame of fail_on_rank.py that raised it."""
-    assert output.count("Root cause") == 1, output
-    block = output[output.rindex("=" * 78, 0, output.index("Root cause")):].strip()
-    assert block.endswith("=" * 78) and output.rstrip().endswith(block), output
-    assert f"  rank:   {rank} (of {size})\n  host:   {host}\n" in block, block
-    assert re.search(r"^  exit:   status 1$", block, re.M), block
-    assert f"  error:  {error}\n" in block, block
-    assert re.search(r'^ +\(File ".*fail_on_rank\.py", line \d+, in <module>\)$', block,
-                     re.M), block
 
 
 def test_parts_of_lines_of_two_ranks_are_kept_apart():

@@ -17,7 +17,9 @@ On a cluster none of these is needed: launch with ``mpirun`` or ``srun`` directl
 :func:`run_bounded` runs a launch with a time limit, and kills a hung one with every process
 it started (the tests and ``hpctrain study`` launch through it).
 
-``python -m hpctrain.launch`` is :mod:`hpctrain.launch.__main__`; with ``--elastic`` it runs
+:mod:`hpctrain.launch.output` passes a launch's output on (tagged by rank or not) and sums up
+a failed job in one block. ``python -m hpctrain.launch`` is :mod:`hpctrain.launch.__main__`;
+with ``--elastic`` it runs
 :mod:`hpctrain.launch.elastic`, which starts the job again when ranks are lost.
 """
 

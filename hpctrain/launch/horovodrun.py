@@ -22,6 +22,11 @@ of the launch environment is exported to the ranks too, as horovodrun does, exce
 describe this host or this process (:func:`exported`). Whether the ranks follow a setting is
 ``hpctrain.torch``'s business: the launcher only sets it.
 
+The ranks' output passes through :mod:`hpctrain.launch.output`: every line tagged with its
+rank as horovodrun tags them, ``[RANK]<stdout>:`` (``--no-tag-output``: bare), and after a
+failed job one root-cause block (the first rank to fail, its host, exit status or signal,
+its error). The exit status is mpirun's (srun's).
+
 Options that belong to Horovod's own machinery (Gloo, jsrun, its checks of the hosts and their
 cache, elastic mode, a YAML configuration) are refused with what to do instead
 (:data:`REFUSED`); those that only mpirun can apply (``--mpi-args``, ``-p``, ...) are refused
