@@ -42,6 +42,7 @@ import threading
 import time
 
 from ..runtime import stamp
+from . import end_with_launcher
 
 #: Each launcher's option that labels every line with its rank.
 LABELS = {"mpirun": ["--tag-output"], "srun": ["--label"]}
@@ -425,7 +426,7 @@ def run(argv, env=None, *, tag=True, name="hpctrain", stdout=None, stderr=None):
     launcher = launcher_of(argv)
     failures = Failures()
     proc = subprocess.Popen(labelled(argv), env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+                            stderr=subprocess.PIPE, preexec_fn=end_with_launcher)
     previous = _pass_signals(proc)
     try:
         relays = [Relay(pipe.fileno(), out, failures, launcher=launcher, tag=tag,
