@@ -6,12 +6,15 @@ and ``python -m hpctrain.launch`` (``jobs/run.sbatch`` under Slurm: tests/test_s
 
 import io
 import os
+import re
 import socket
 import sys
 import threading
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import assert_root_cause, run_bounded
 from hpctrain.launch import launch_environment
@@ -207,3 +210,35 @@ def test_the_failures_hear_every_whole_line_of_each_rank():
     first = failures.root_cause()
     assert (first.rank, first.host, first.status, first.stamped, first.lines) == \
         (2, "h", 1, "2026-11-27 08:30:01.123 UTC", ["ValueError: x"])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.text("ab[]<>:,0 \r", max_size=12),
+                          st.booleans()), max_size=12),
+       st.lists(st.integers(1, 40), max_size=6))
+def test_any_pieces_cut_anywhere_reach_their_ranks_lines(pieces, cuts):
+    # mpirun's stream: each piece of a rank's output tagged, a piece ending its line or not;
+    # the reads cut it anywhere. Each rank's bytes come out whole and in order, and the
+    # launcher's own line (last) comes out as it is.
+    stream, wanted = b"", {}
+    for i, (rank, text, ends) in enumerate(pieces):
+        data = text.encode() + (b"\n" if ends or i == len(pieces) - 1 else b"")
+        if data:                    # (mpirun forwards no empty piece)
+            stream += b"[1,%d]<stdout>:" % rank + data
+            wanted[rank] = wanted.get(rank, b"") + data
+    stream += b"mpirun's own\n"
+    chunks, start = [], 0
+    for cut in sorted(cuts):
+        chunks.append(stream[start:cut])
+        start = max(start, cut)
+    chunks.append(stream[start:])
+    written, _ = relay([chunk for chunk in chunks if chunk])
+    assert written.endswith(b"mpirun's own\n")
+    got = {}
+    for line in written[:-len(b"mpirun's own\n")].split(b"\n"):
+        tag = re.match(rb"\[(\d)\]<stdout>:", line)
+        if tag:
+            got[int(tag.group(1))] = got.get(int(tag.group(1)), b"") + line[tag.end():]
+        else:
+            assert line == b"", written
+    assert got == {rank: data.replace(b"\n", b"") for rank, data in wanted.items()}, written

@@ -316,8 +316,7 @@ class Relay:
             self.raw += chunk
             self._parse()
         self._parse(end=True)
-        if self.open is not None:
-            self.out.write(b"\n")
+        self._write_all()
         self.out.flush()
 
     def _parse(self, end=False):
@@ -393,11 +392,23 @@ class Relay:
                 moved = True
         self.out.flush()
 
-    def _own(self, line):
-        # A line of the launcher's own: after the ranks' half-written line is ended.
+    def _write_all(self):
+        # Every rank's part of a line still unwritten, each ended where it stops.
+        for rank in sorted(self.unwritten, key=lambda r: r != self.open):
+            if self.unwritten[rank]:
+                if self.open not in (None, rank):
+                    self.out.write(b"\n")
+                if self.open != rank and self.tag:
+                    self.out.write(b"[%d]<%s>:" % (rank, self.stream))
+                self.out.write(self.unwritten[rank])
+                self.unwritten[rank], self.open = b"", rank
         if self.open is not None:
             self.out.write(b"\n")
             self.open = None
+
+    def _own(self, line):
+        # A line of the launcher's own: after the ranks' parts of lines.
+        self._write_all()
         self.out.write(line)
         self.out.flush()
         self.failures.launcher_line(line.decode(errors="replace").rstrip("\n"))
