@@ -11,14 +11,13 @@ the script.
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import assert_root_cause, note_launch
+from conftest import note_launch
 
 #: A Slurm of this machine's own, and jobs on it: these tests run alone (scripts/test).
 pytestmark = pytest.mark.alone
@@ -125,16 +124,6 @@ def test_a_failing_job_fails_in_slurm_too(slurm_env, tmp_path):
                           "--ntasks-per-node=2", extra_env={"HPCTRAIN_FAULT": "info.gather@1"})
     assert code != 0, output
     assert "[hpctrain] rank 1 of 2" in output
-
-
-def test_a_rank_that_raises_is_named_in_one_block_at_the_end_of_the_job(slurm_env, tmp_path):
-    # 4 tasks on this machine's cores: --overcommit lets them share.
-    code, output = submit(slurm_env, "jobs/run.sbatch", tmp_path, "--nodes=1",
-                          "--ntasks-per-node=4", "--overcommit",
-                          args=["tests/programs/fail_on_rank.py", "1"])
-    assert code != 0, output
-    assert_root_cause(output, rank=1, size=4, host=socket.gethostname(),
-                      error="RuntimeError: rank 1 fails on purpose")
 
 
 @pytest.mark.parametrize("script", ["jobs/train-cpu.sbatch", "jobs/train-cpu-multinode.sbatch"])
