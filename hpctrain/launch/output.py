@@ -87,7 +87,6 @@ class Failure:
     status: int = None          # its exit status
     signal: str = None          # or the signal that ended it, as the launcher names it
     lines: list = dataclasses.field(default_factory=list)   # its error, as it printed it
-    said: bool = False          # it printed its own error (the guard's report, a traceback)
 
     @property
     def time(self):
@@ -126,7 +125,7 @@ class Failures:
             header = _GUARD.match(text)
             if header:
                 failure = self._failure(int(header.group(1)))
-                failure.said, failure.lines = True, []
+                failure.lines = []
                 failure.size = int(header.group(2)) if header.group(2) else None
                 failure.host, failure.pid = header.group(3), int(header.group(4))
                 if header.group(5) is not None:
@@ -142,7 +141,7 @@ class Failures:
             elif stderr and text.startswith(_TRACEBACK):
                 # A traceback without the guard's header: the rank failed, and says no more.
                 failure = self._failure(rank)
-                failure.said, failure.lines = True, [text]
+                failure.lines = [text]
                 self._collecting[rank] = failure
 
     def launcher_line(self, text):
