@@ -7,17 +7,20 @@ and ``python -m hpctrain.launch`` (``jobs/run.sbatch`` under Slurm: tests/test_s
 import io
 import os
 import re
+import signal
 import socket
+import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import assert_root_cause, run_bounded
-from hpctrain.launch import launch_environment
+from conftest import assert_root_cause, note_launch, run_bounded
+from hpctrain.launch import kill_launch, launch_environment
 from hpctrain.launch.output import Failures, Relay, error_lines, labelled
 from hpctrain.runtime import stamp
 
@@ -242,3 +245,46 @@ def test_any_pieces_cut_anywhere_reach_their_ranks_lines(pieces, cuts):
         else:
             assert line == b"", written
     assert got == {rank: data.replace(b"\n", b"") for rank, data in wanted.items()}, written
+
+
+#: Each rank says its pid, then waits to be ended.
+WAIT = ("import os, time; os.write(1, b'pid %d\\n' % os.getpid()); time.sleep(300)")
+
+
+@pytest.mark.alone
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda sig: sig.name)
+def test_a_signal_to_the_launcher_ends_the_job_and_every_rank(sig):
+    # The launcher passes SIGTERM and SIGINT on to mpirun, which ends its ranks. (SIGKILL
+    # reaches no handler: the kernel sends mpirun SIGTERM, its parent-death signal, but
+    # mpirun does not always end its ranks then, with its output's reader gone: as when
+    # mpirun itself is SIGKILLed, which this launcher was before it relayed the output.)
+    note_launch()
+    proc = subprocess.Popen([*HOROVODRUN, "-np", "2", sys.executable, "-c", WAIT],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, env=launch_environment(),
+                            start_new_session=True, text=True)
+    try:
+        pids = []
+        while len(pids) < 2:
+            line = proc.stdout.readline()
+            assert line, f"the launch ended before its ranks started: {pids}"
+            pids += [int(p) for p in re.findall(r"<stdout>:pid (\d+)", line)]
+        os.kill(proc.pid, sig)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        kill_launch(proc)
+    assert proc.returncode == 128 + sig, out
+    assert f"hpctrain-horovodrun: stopped by {sig.name}, which it passed on to mpirun" in out
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in pids if _alive(pid)], pids
+    assert "Root cause" not in out, out
+
+
+def _alive(pid):
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

@@ -27,7 +27,8 @@ rank to fail (by the time the guard stamped, else by when its notice was read), 
 pid, exit status or signal, and the first lines of its error (a traceback's exception and
 the frame that raised it). Bad input that the ranks agreed on (every rank exits 2 after
 rank 0 said why, :mod:`hpctrain.runtime`) is not a failure: no block. Its exit status is
-the launcher's (128 + N for a launcher ended by signal N).
+the launcher's (128 + N for a launcher ended by signal N, and for this process stopped by
+signal N, which it passes on to the launcher: SIGTERM, SIGHUP, SIGINT).
 """
 
 import calendar
@@ -436,8 +437,9 @@ def run(argv, env=None, *, tag=True, name="hpctrain", stdout=None, stderr=None):
     launcher = launcher_of(argv)
     failures = Failures()
     proc = subprocess.Popen(labelled(argv), env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, preexec_fn=end_with_launcher)
-    previous = _pass_signals(proc)
+                            stderr=subprocess.PIPE, preexec_fn=_relayed)
+    stopped = []                # the signals this process passed on
+    previous = _pass_signals(proc, stopped)
     try:
         relays = [Relay(pipe.fileno(), out, failures, launcher=launcher, tag=tag,
                         stderr=out is stderr)
@@ -452,24 +454,39 @@ def run(argv, env=None, *, tag=True, name="hpctrain", stdout=None, stderr=None):
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     status = 128 - status if status < 0 else status
-    block = failures.block(name, status)
+    if stopped:
+        # Not the job's failure: whoever stopped it knows why.
+        sig = signal.Signals(stopped[0]).name
+        block = [f"{name}: stopped by {sig}, which it passed on to {launcher or argv[0]}"]
+        status = 128 + stopped[0]
+    else:
+        block = failures.block(name, status)
     if block:
         stderr.write(("\n".join(block) + "\n").encode())
         stderr.flush()
     return status
 
 
-def _pass_signals(proc):
-    """Pass SIGTERM, SIGHUP and SIGINT on to ``proc``; return the handlers replaced. SIGINT
-    from a terminal reaches the launcher itself (one process group): not passed twice."""
+def _relayed():
+    # In the launcher's process before its exec: it ends when this process dies (even by
+    # SIGKILL), and then, its output's reader gone, it must not die of SIGPIPE on its next
+    # line before it has ended its ranks (it would leave them running).
+    end_with_launcher()
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+
+
+def _pass_signals(proc, stopped):
+    """Pass SIGTERM, SIGHUP and SIGINT on to ``proc``, noting each in ``stopped``; return
+    the handlers replaced. SIGINT from a terminal reaches the launcher itself (one process
+    group): not passed twice."""
     def pass_on(signum, _frame):
+        stopped.append(signum)
         if proc.poll() is None:
             proc.send_signal(signum)
 
-    signals = [signal.SIGTERM, signal.SIGHUP]
     if threading.current_thread() is not threading.main_thread():
         return {}
-    previous = {sig: signal.signal(sig, pass_on) for sig in signals}
+    previous = {sig: signal.signal(sig, pass_on) for sig in (signal.SIGTERM, signal.SIGHUP)}
     previous[signal.SIGINT] = signal.signal(
         signal.SIGINT, signal.SIG_IGN if os.isatty(0) else pass_on)
     return previous
