@@ -439,7 +439,7 @@ def run(argv, env=None, *, tag=True, name="hpctrain", stdout=None, stderr=None):
     proc = subprocess.Popen(labelled(argv), env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, preexec_fn=_relayed)
     stopped = []                # the signals this process passed on
-    previous = _pass_signals(proc, stopped)
+    previous = _pass_signals(proc, stopped, launcher)
     try:
         relays = [Relay(pipe.fileno(), out, failures, launcher=launcher, tag=tag,
                         stderr=out is stderr)
@@ -475,14 +475,16 @@ def _relayed():
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
 
 
-def _pass_signals(proc, stopped):
+def _pass_signals(proc, stopped, launcher):
     """Pass SIGTERM, SIGHUP and SIGINT on to ``proc``, noting each in ``stopped``; return
     the handlers replaced. SIGINT from a terminal reaches the launcher itself (one process
     group): not passed twice."""
     def pass_on(signum, _frame):
         stopped.append(signum)
         if proc.poll() is None:
-            proc.send_signal(signum)
+            # srun takes one SIGINT for a request of its status (a second within a second
+            # ends the step); SIGTERM ends it.
+            proc.send_signal(signal.SIGTERM if launcher == "srun" else signum)
 
     if threading.current_thread() is not threading.main_thread():
         return {}
