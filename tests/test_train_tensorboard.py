@@ -153,3 +153,19 @@ def test_a_folder_without_permission_is_named(tmp_path, monkeypatch):
     with pytest.raises(UsageError, match=f"--tensorboard {tmp_path / 'a' / 'b'}: cannot write "
                                          f"in {tmp_path} \\(no permission\\)"):
         tensorboard.check(tmp_path / "a" / "b")
+
+
+def test_a_resumed_run_goes_on_in_the_same_folder(data, tmp_path):
+    # 7 steps an epoch. The run's last checkpoint is lost, so that it resumes from the one
+    # of epoch 1 (step 7) and trains epoch 2 again: the event files keep epoch 1's row and
+    # the epoch 2 of the run that resumed, as metrics.csv does.
+    train(config(data, tmp_path, epochs=2, checkpoint_every="1"), MPI.COMM_SELF)
+    run = tmp_path / "run"
+    (run / "checkpoint.1.pt").replace(run / "checkpoint.pt")
+    train(config(data, tmp_path, epochs=2, checkpoint_every="1", resume="auto"),
+          MPI.COMM_SELF)
+    rows = metrics(run)
+    assert [(row["epoch"], row["step"]) for row in rows] == [(1, 7), (2, 14)]
+    scalars = events(tmp_path / "tb")
+    assert_same_figures(scalars, rows)
+    assert sorted(scalars["epoch/epoch"]) == [7, 14]

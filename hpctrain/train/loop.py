@@ -299,7 +299,7 @@ class Run:
                                      enabled=self.rank == 0,
                                      epochs_done=self.data.sampler.epoch)
         events = tensorboard.EventLog(config.tensorboard_path, config, enabled=self.rank == 0,
-                                      purge_step=step if saved is not None else None)
+                                      purge_step=step + 1 if saved is not None else None)
         self.measured = Measurements(metrics, sums, events)
         if self.rank == 0:
             header.write(config, self.data, self.model, self.regime, size=self.size,

@@ -14,8 +14,9 @@ to, the x axis of every chart:
   as its metrics.
 
 The file is flushed at the end of every epoch, so that after a crash it holds every epoch
-before it. A resumed run's file starts with a purge at the step it resumed from: TensorBoard
-then drops what the run before it wrote after its checkpoint, as ``metrics.csv`` does.
+before it. A resumed run's file starts with a purge at the step after its checkpoint's: TensorBoard
+then drops what the run before it wrote after its checkpoint, as ``metrics.csv`` drops its
+rows.
 
 The steps' scalars are kept in memory and written at the epoch's end, outside its timed
 steps, or once they have waited ``STEPS_WAIT_S`` (an epoch of hours still shows its steps).
@@ -66,8 +67,8 @@ def check(path):
 
 class EventLog:
     """The event files of one run in ``path``; silent when not ``enabled`` (ranks other
-    than 0) or when ``path`` is ``None``. ``purge_step``: the step a resumed run starts
-    at."""
+    than 0) or when ``path`` is ``None``. ``purge_step``: the first step of a resumed run
+    (its checkpoint's + 1): what an earlier run wrote from there on is dropped."""
 
     def __init__(self, path, config, enabled=True, purge_step=None):
         self.writer, self.steps, self.since = None, [], time.monotonic()
