@@ -315,6 +315,7 @@ class Relay:
                 break
             self.raw += chunk
             self._parse()
+            self.out.flush()        # once a read: a line in parts is seen as it comes
         self._parse(end=True)
         self._write_all()
         self.out.flush()
@@ -388,20 +389,22 @@ class Relay:
                     self.out.write(b"[%d]<%s>:" % (rank, self.stream))
                 self.out.write(part)
                 self.unwritten[rank] = data[len(part):]
+                if not self.unwritten[rank]:
+                    del self.unwritten[rank]      # (only ranks with bytes to write are kept)
                 self.open = None if part.endswith(b"\n") else rank
                 moved = True
-        self.out.flush()
+                break                             # (the dict changed: look again)
 
     def _write_all(self):
         # Every rank's part of a line still unwritten, each ended where it stops.
         for rank in sorted(self.unwritten, key=lambda r: r != self.open):
-            if self.unwritten[rank]:
-                if self.open not in (None, rank):
-                    self.out.write(b"\n")
-                if self.open != rank and self.tag:
-                    self.out.write(b"[%d]<%s>:" % (rank, self.stream))
-                self.out.write(self.unwritten[rank])
-                self.unwritten[rank], self.open = b"", rank
+            if self.open not in (None, rank):
+                self.out.write(b"\n")
+            if self.open != rank and self.tag:
+                self.out.write(b"[%d]<%s>:" % (rank, self.stream))
+            self.out.write(self.unwritten[rank])
+            self.open = rank
+        self.unwritten.clear()
         if self.open is not None:
             self.out.write(b"\n")
             self.open = None
@@ -410,7 +413,6 @@ class Relay:
         # A line of the launcher's own: after the ranks' parts of lines.
         self._write_all()
         self.out.write(line)
-        self.out.flush()
         self.failures.launcher_line(line.decode(errors="replace").rstrip("\n"))
 
 
