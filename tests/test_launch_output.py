@@ -154,6 +154,15 @@ def test_lines_are_tagged_with_their_rank_or_left_bare():
     assert relay([b"0: a\n 1: b\n"], launcher="srun")[0] == b"[0]<stdout>:a\n[1]<stdout>:b\n"
 
 
+def test_srun_lines_cut_anywhere_keep_their_labels():
+    stream = b" 0: epoch 1\n10: epoch 1\nsrun: error: n1: task 10: Exited with exit code 3\n"
+    for cut in range(1, len(stream)):
+        written, failures = relay([stream[:cut], stream[cut:]], launcher="srun")
+        assert written == (b"[0]<stdout>:epoch 1\n[10]<stdout>:epoch 1\n"
+                           b"srun: error: n1: task 10: Exited with exit code 3\n"), cut
+        assert failures.root_cause().rank == 10
+
+
 def test_a_line_in_parts_is_passed_on_as_it_comes():
     # A progress bar: mpirun tags every piece it forwards, also a line's continuation.
     chunks = [b"[1,0]<stdout>:\repoch 1 [##..]", b"[1,0]<stdout>:\repoch 1 [####]\n"]
