@@ -36,6 +36,7 @@ import collections
 import dataclasses
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -51,6 +52,8 @@ LABELS = {"mpirun": ["--tag-output"], "srun": ["--label"]}
 PROGRAMS = {"mpirun": "mpirun", "mpiexec": "mpirun", "orterun": "mpirun", "srun": "srun"}
 #: Lines of a failed rank's error that the block shows.
 ERROR_LINES = 6
+#: Seconds another rank's whole line waits for the end of a line written in part.
+HOLD_S = 0.2
 #: Lines after the guard's header kept for the block (a traceback's end is what it shows).
 KEPT_LINES = 200
 #: A rank's status when its error is bad input, which it has said itself (errors.UsageError).
@@ -306,10 +309,15 @@ class Relay:
         self.unwritten = {}         # rank -> its bytes not written yet
         self.lines = {}             # rank -> its line so far, for the failures
         self.open = None            # the rank whose line is written in part
+        self.opened = 0.0           # since when (time.monotonic())
 
     def run(self):
         """Copy until the launcher closes the stream."""
         while True:
+            if not select.select([self.source], [], [], HOLD_S)[0]:
+                self._write()           # lines held for a line in parts that stopped
+                self.out.flush()
+                continue
             chunk = os.read(self.source, 65536)
             if not chunk:
                 break
@@ -321,45 +329,50 @@ class Relay:
         self.out.flush()
 
     def _parse(self, end=False):
-        while self.raw:
+        # Through self.raw by position: a slice of what is left for every line would copy
+        # the read's 64 KiB once a line.
+        raw, pos = self.raw, 0
+        while pos < len(raw):
             if self.current is not None:
-                if not self._rank_bytes(end):
+                stop = self._rank_stop(raw, pos, end)
+                if stop is None:
                     break
+                rank, data, pos = self.current, raw[pos:stop], stop
+                if data.endswith(b"\n") or not self.pieces or end or self.label.match(raw, pos):
+                    self.current = None
+                self._rank_data(rank, data)
                 continue
-            match = self.label.match(self.raw) if self.label else None
-            if match is not None and (self.pieces or b"\n" in self.raw or end):
-                self.current, self.raw = int(match.group(1)), self.raw[match.end():]
+            match = self.label.match(raw, pos) if self.label else None
+            if match is not None and (self.pieces or raw.find(b"\n", pos) >= 0 or end):
+                self.current, pos = int(match.group(1)), match.end()
                 continue
-            newline = self.raw.find(b"\n")
-            if not end and (newline < 0 or self.pieces and _TAG_START.fullmatch(self.raw)):
+            newline = raw.find(b"\n", pos)
+            if not end and (newline < 0 or self.pieces and _TAG_START.fullmatch(raw, pos)):
                 break           # the rest of a line, or of a tag, is still to come
-            self._own(self.raw[:newline + 1] if newline >= 0 else self.raw + b"\n")
-            self.raw = self.raw[newline + 1:] if newline >= 0 else b""
+            stop = newline + 1 if newline >= 0 else len(raw)
+            self._own(raw[pos:stop] if newline >= 0 else raw[pos:] + b"\n")
+            pos = stop
+        self.raw = raw[pos:]
 
-    def _rank_bytes(self, end):
-        """Hand the current rank the bytes up to its line's end or the next tag; False when
-        they have to wait for more."""
-        newline = self.raw.find(b"\n")
-        stop = len(self.raw) if newline < 0 else newline + 1
+    def _rank_stop(self, raw, pos, end):
+        """Where the current rank's bytes from ``pos`` end: at its line's end or the next
+        tag; ``None`` when they have to wait for more."""
+        newline = raw.find(b"\n", pos)
+        stop = len(raw) if newline < 0 else newline + 1
         if self.pieces:
-            tag = self.label.search(self.raw, 0, stop)
+            tag = self.label.search(raw, pos, stop)
             if tag is not None:
                 stop = tag.start()
             elif newline < 0 and not end:
                 # Not a tag's first bytes: they may be the next piece's, cut by the read.
-                cut = self.raw.rfind(b"[")
-                if cut >= 0 and _TAG_START.fullmatch(self.raw[cut:]):
+                cut = raw.rfind(b"[", pos)
+                if cut >= 0 and _TAG_START.fullmatch(raw, cut):
                     stop = cut
         elif newline < 0 and not end:
-            return False
-        if stop == 0 and not (self.pieces and self.label.match(self.raw)):
-            return False
-        data, self.raw = self.raw[:stop], self.raw[stop:]
-        rank = self.current
-        if data.endswith(b"\n") or not self.pieces or self.label.match(self.raw) or end:
-            self.current = None
-        self._rank_data(rank, data)
-        return True
+            return None
+        if stop == pos and not (self.pieces and self.label.match(raw, pos)):
+            return None
+        return stop
 
     def _rank_data(self, rank, data):
         self.unwritten[rank] = self.unwritten.get(rank, b"") + data
@@ -371,43 +384,51 @@ class Relay:
         self._write()
 
     def _write(self):
-        # The rank whose line is half written goes first; a line that another rank has
-        # half written is ended only for a whole line, not for a part.
+        # The rank whose line is half written goes first. Another rank's whole lines wait
+        # for its end (mpirun forwards the rest of a line in its next piece) for HOLD_S; a
+        # line in parts that stays open longer (a progress bar) is ended then, not a part.
         moved = True
         while moved:
             moved = False
             for rank in sorted(self.unwritten, key=lambda r: r != self.open):
                 data = self.unwritten[rank]
-                newline = data.find(b"\n")
-                if not data or self.open not in (None, rank) and newline < 0:
-                    continue
                 if self.open not in (None, rank):
-                    self.out.write(b"\n")
-                    self.open = None
-                part = data if newline < 0 else data[:newline + 1]
-                if self.open != rank and self.tag:
-                    self.out.write(b"[%d]<%s>:" % (rank, self.stream))
-                self.out.write(part)
-                self.unwritten[rank] = data[len(part):]
-                if not self.unwritten[rank]:
+                    if b"\n" not in data or time.monotonic() - self.opened < HOLD_S:
+                        continue
+                    data = data[:data.rindex(b"\n") + 1]     # its whole lines only
+                self._emit(rank, data)
+                rest = self.unwritten[rank][len(data):]
+                if rest:
+                    self.unwritten[rank] = rest
+                else:
                     del self.unwritten[rank]      # (only ranks with bytes to write are kept)
-                self.open = None if part.endswith(b"\n") else rank
                 moved = True
                 break                             # (the dict changed: look again)
 
     def _write_all(self):
         # Every rank's part of a line still unwritten, each ended where it stops.
         for rank in sorted(self.unwritten, key=lambda r: r != self.open):
-            if self.open not in (None, rank):
-                self.out.write(b"\n")
-            if self.open != rank and self.tag:
-                self.out.write(b"[%d]<%s>:" % (rank, self.stream))
-            self.out.write(self.unwritten[rank])
-            self.open = rank
+            self._emit(rank, self.unwritten[rank])
         self.unwritten.clear()
         if self.open is not None:
             self.out.write(b"\n")
             self.open = None
+
+    def _emit(self, rank, data):
+        """Write ``data`` of ``rank`` (lines, and maybe the first part of one), each line
+        with its tag; a line that another rank has in part is ended first."""
+        if self.open not in (None, rank):
+            self.out.write(b"\n")
+            self.open = None
+        if self.tag:
+            tag = b"[%d]<%s>:" % (rank, self.stream)
+            body = data[:-1].replace(b"\n", b"\n" + tag) + data[-1:]
+            data = body if self.open == rank else tag + body
+        self.out.write(data)
+        if data.endswith(b"\n"):
+            self.open = None
+        elif self.open != rank:
+            self.open, self.opened = rank, time.monotonic()
 
     def _own(self, line):
         # A line of the launcher's own: after the ranks' parts of lines.
