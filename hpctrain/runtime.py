@@ -22,6 +22,7 @@ import io
 import os
 import socket
 import sys
+import time
 import traceback
 
 from .errors import UsageError, Verdict
@@ -159,17 +160,17 @@ def end_job(exc):
     if isinstance(exc, SystemExit):
         code = exc.code
         if not isinstance(code, int):
-            _report(f"{code}\n")
+            _report(f"{code}\n", 1)
             code = 1
     elif isinstance(exc, UsageError):
-        _report(f"error: {exc}\n")
         code = exc.exit_code
+        _report(f"error: {exc}\n", code)
     elif isinstance(exc, KeyboardInterrupt):
-        _report("interrupted\n")
         code = 130
+        _report("interrupted\n", code)
     else:
-        _report("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
         code = 1
+        _report("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)), code)
     _exit_job(code)
 
 
@@ -200,7 +201,7 @@ def _ending_hook(kind, exc, tb):
         # Bad input: its message, and status 2 as under python -m hpctrain. A hook cannot
         # set the status by SystemExit, so MPI (if started) is finalised and the process
         # ends here.
-        _report(f"error: {exc}\n")
+        _report(f"error: {exc}\n", exc.exit_code)
         if mpi_initialized():
             sys.modules["mpi4py.MPI"].Finalize()
         os._exit(exc.exit_code)
@@ -233,12 +234,23 @@ def _where():
     return f"rank {rank}{world} on {socket.gethostname()} (pid {os.getpid()})"
 
 
-def _report(text):
+def stamp(seconds=None):
+    """``seconds`` (default: now) as the failure reports write the time: ``2026-11-27
+    08:30:01.123 UTC`` (the launchers read it back to find the first rank that failed)."""
+    seconds = time.time() if seconds is None else seconds
+    whole = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(seconds))
+    return f"{whole}.{int(seconds % 1 * 1000):03d} UTC"
+
+
+def _report(text, code):
+    # The header says what the launchers' root-cause block needs (hpctrain.launch.output):
+    # the rank, its host and pid, the status it ends with, and when.
+    when = stamp()
     # torch.distributed's excepthook calls this one with sys.stderr swapped for a buffer that
     # it prints only once the hook returns, which an abort never does: write past it.
     stream = sys.__stderr__ if isinstance(sys.stderr, io.StringIO) else sys.stderr
     sys.stdout.flush()
-    stream.write(f"[hpctrain] {_where()} failed:\n{text}")
+    stream.write(f"[hpctrain] {_where()} failed (exit status {code}) at {when}:\n{text}")
     stream.flush()
 
 

@@ -142,6 +142,20 @@ def assert_ended_by(run, fault, *, np, within):
     assert seconds_after_fault(run) < within, run.output
 
 
+def assert_root_cause(output, *, rank, size, host, error):
+    """``output`` ends with one root-cause block (``hpctrain.launch.output``) that names
+    ``rank`` (of ``size``), ``host`` and ``error``, with the frame of
+    tests/programs/fail_on_rank.py that raised it."""
+    assert output.count("Root cause") == 1, output
+    block = output[output.rindex("=" * 78, 0, output.index("Root cause")):].strip()
+    assert block.endswith("=" * 78) and output.rstrip().endswith(block), output
+    assert f"  rank:   {rank} (of {size})\n  host:   {host}\n" in block, block
+    assert re.search(r"^  exit:   status 1$", block, re.M), block
+    assert f"  error:  {error}\n" in block, block
+    assert re.search(r'^ +\(File ".*fail_on_rank\.py", line \d+, in <module>\)$', block,
+                     re.M), block
+
+
 @pytest.fixture
 def mpirun():
     """``mpirun(np, command, timeout=..., env=...) -> Launch``; a hang raises ``MpirunHung``."""

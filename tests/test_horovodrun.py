@@ -316,7 +316,7 @@ def test_the_settings_reach_every_rank_and_verbose_shows_the_line(tmp_path):
             f"HOROVOD_TIMELINE={timeline} HOROVOD_LOG_LEVEL=DEBUG")
     lines = sorted(re.findall(r"<rank (\d) on \S+: (.*)>", done.output))
     assert lines == [("0", seen), ("1", seen)], done.output
-    assert re.search(rf"^\[{NAME}\] \S*mpirun -np 2 .* -x HOROVOD_CYCLE_TIME=2\.5 ",
+    assert re.search(rf"^\[{NAME}\] \S*mpirun --tag-output -np 2 .* -x HOROVOD_CYCLE_TIME=2\.5 ",
                      done.output, re.M), done.output
 
 
@@ -359,7 +359,8 @@ def test_the_horovod_example_across_two_hosts(two_hosts):
     done = on_host_1(two_hosts, "python", "examples/horovod_style.py", "--epochs", "1")
     assert done.returncode == 0, done.output
     assert "ranks 2, replicas identical: True" in done.output, done.output
-    accuracy = re.search(r"^epoch 1: .* test accuracy ([\d.]+)%$", done.output, re.M)
+    accuracy = re.search(r"^\[0\]<stdout>:epoch 1: .* test accuracy ([\d.]+)%$", done.output,
+                         re.M)
     assert accuracy and float(accuracy.group(1)) > 50.0, done.output
 
 

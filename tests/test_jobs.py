@@ -65,7 +65,11 @@ def job_env(tmp_path):
     stubs = tmp_path / "bin"
     stubs.mkdir()
     for name in ("srun", "mpirun", "python"):
-        (stubs / name).write_text(f'#!/bin/sh\necho "{name} $*"\n'
+        # python -c: an environment without hpctrain, whose steps start bare (the relay of
+        # their output is tested on its own below).
+        check = ('case "$*" in *hpctrain.launch.output*) exit 1;; esac\n'
+                 if name == "python" else "")
+        (stubs / name).write_text(f'#!/bin/sh\n{check}echo "{name} $*"\n'
                                   f'echo "{name} sees SLURM_GPUS_PER_TASK=$SLURM_GPUS_PER_TASK"\n')
         (stubs / name).chmod(0o755)
     venv = tmp_path / "venv"
@@ -97,6 +101,20 @@ def test_srun_ends_the_step_when_one_task_fails(job_env):
     done = run_job(JOBS / "info.sbatch", job_env)
     assert done.returncode == 0, done.stderr
     assert "srun --mpi=pmix --kill-on-bad-exit=1 python -m hpctrain info\n" in done.stdout
+
+
+@pytest.mark.parametrize("tag", ["", "1"])
+def test_steps_pass_their_output_through_the_relay_where_hpctrain_is(job_env, tag):
+    # A python that has hpctrain: the step runs under python -m hpctrain.launch.output, which
+    # tags its lines (HPCTRAIN_TAG_OUTPUT=1) and sums up a failure.
+    python = Path(job_env["HPCTRAIN_VENV"]).parent / "bin" / "python"
+    python.write_text('#!/bin/sh\ncase "$*" in "-c import hpctrain"*) exit 0;; esac\n'
+                      'echo "python $*"\n')
+    for launcher in ("srun", "mpirun"):
+        done = run_job(JOBS / "info.sbatch", {**job_env, "HPCTRAIN_TAG_OUTPUT": tag}, launcher)
+        assert done.returncode == 0, done.stderr
+        relay = f"python -m hpctrain.launch.output --{'' if tag else 'no-'}tag-output -- "
+        assert f"{relay}{launcher} " in done.stdout, done.stdout
 
 
 def test_mpirun_launch_carries_the_recommended_flags(job_env):

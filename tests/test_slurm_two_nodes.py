@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, assert_root_cause
 from test_slurm import SCRIPT_TIMEOUT, SLURM_LOCAL, missing_for_slurm, submit
 from test_vcluster import missing_for_vcluster
 
@@ -176,6 +176,18 @@ def test_a_rank_that_raises_on_the_second_node_ends_the_job(cluster, tmp_path):
     assert code != 0, output
     assert "RuntimeError: a bug on rank 3" in output and "was not stopped" not in output, output
     assert seconds < 60, f"the job took {seconds:.0f} s to end:\n{output}"
+
+
+@pytest.mark.parametrize("launcher", ["srun", "mpirun"])
+def test_a_rank_that_raises_is_named_in_one_block_at_the_end_of_the_job(cluster, tmp_path,
+                                                                          launcher):
+    # Ranks 0 and 1 on h1, 2 and 3 on h2: rank 1 raises while the others wait for it.
+    code, output, _ = run_job(cluster, tmp_path, "jobs/run.sbatch", *TWO_BY_TWO,
+                              args=["tests/programs/fail_on_rank.py", "1"],
+                              extra_env={"HPCTRAIN_LAUNCHER": launcher, **MPIRUN_AS_ROOT})
+    assert code != 0, output
+    assert_root_cause(output, rank=1, size=4, host="h1",
+                      error="RuntimeError: rank 1 fails on purpose")
 
 
 @pytest.mark.parametrize("args, error", [

@@ -105,8 +105,14 @@ def test_quick_study_writes_consistent_numbers_and_plots(tmp_path):
     out = tmp_path / "report"
     code, output = _run_study(["--quick", "--allreduce", "ring,ddp", "--batch-size", "720",
                                "--set", "warmup_epochs=0", "--set", "lr=0.02",
-                               "--launch-timeout", "90", "--out", str(out)], timeout=200)
+                               "--launch-timeout", "90", "--out", str(out),
+                               "--tensorboard", str(tmp_path / "tb")], timeout=200)
     assert code == 0, output
+    # Every run's event files, in a folder of its own, hold its metrics.csv.
+    from test_train_tensorboard import assert_same_figures, events, metrics
+
+    for name in ("ring-p1-r1", "ring-p2-r1", "ddp-p1-r1", "ddp-p2-r1"):
+        assert_same_figures(events(tmp_path / "tb" / name), metrics(out / "runs" / name))
     result = json.loads((out / "train.json").read_text())
     rows = {(r["algo"], r["np"]): r for r in result["rows"]}
     assert set(rows) == {("ring", 1), ("ring", 2), ("ddp", 1), ("ddp", 2)}
@@ -150,6 +156,15 @@ def _same_steps(ring, ddp):
     assert ddp[1]["train_loss"] == pytest.approx(ring[1]["train_loss"], rel=1e-4)
     # ... and the update did move the loss: step 2 is not a copy of step 1.
     assert not math.isclose(ring[0]["train_loss"], ring[1]["train_loss"], rel_tol=1e-3)
+
+
+def test_a_tensorboard_folder_that_cannot_be_written_stops_the_study_before_it_launches(
+        tmp_path):
+    (tmp_path / "file").write_text("")
+    code, output = _run_study(["--quick", "--out", str(tmp_path / "report"), "--tensorboard",
+                               str(tmp_path / "file" / "tb")], timeout=60)
+    assert code == 2 and f"{tmp_path / 'file'} is not a folder" in output, output
+    assert not (tmp_path / "report").exists()
 
 
 def test_study_train_refuses_to_run_under_mpirun(mpirun, hpctrain_cmd):

@@ -17,15 +17,19 @@ On a cluster none of these is needed: launch with ``mpirun`` or ``srun`` directl
 :func:`run_bounded` runs a launch with a time limit, and kills a hung one with every process
 it started (the tests and ``hpctrain study`` launch through it).
 
-``python -m hpctrain.launch`` is :mod:`hpctrain.launch.__main__`; with ``--elastic`` it runs
+:mod:`hpctrain.launch.output` passes a launch's output on (tagged by rank or not) and sums up
+a failed job in one block. ``python -m hpctrain.launch`` is :mod:`hpctrain.launch.__main__`;
+with ``--elastic`` it runs
 :mod:`hpctrain.launch.elastic`, which starts the job again when ranks are lost.
 """
 
+import ctypes
 import os
 import shlex
 import shutil
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 #: Set to ``1`` in every rank's environment when the launcher writes to a terminal.
@@ -129,6 +133,25 @@ def run_bounded(argv, timeout, *, env=None, cwd=None, merge_stderr=True):
     except subprocess.TimeoutExpired:
         raise LaunchHung(argv, timeout, kill_launch(proc)) from None
     return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
+
+
+def _libc_prctl():
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+PRCTL = _libc_prctl() if sys.platform.startswith("linux") else None
+PR_SET_PDEATHSIG = 1
+
+
+def end_with_launcher():
+    """For ``Popen(preexec_fn=...)`` of a launch (mpirun, srun): the kernel sends it SIGTERM
+    when the launcher that started it dies, even by SIGKILL, which no handler of ours sees;
+    it would otherwise go on with its ranks. Linux only (elsewhere nothing)."""
+    if PRCTL is not None:
+        PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def kill_launch(proc):

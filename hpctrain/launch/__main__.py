@@ -1,24 +1,35 @@
 """``python -m hpctrain.launch``: run a command under this machine's ``mpirun``
 (:mod:`hpctrain.launch`), or, with ``--elastic`` first, keep it going when ranks are lost
-(:mod:`hpctrain.launch.elastic`)."""
+(:mod:`hpctrain.launch.elastic`).
 
-import os
+The ranks' output passes through :mod:`hpctrain.launch.output`: untagged unless
+``--tag-output`` comes first (this is the local mpirun behind ``scripts/mpirun`` and
+``scripts/run``, whose output people and scripts read as mpirun's), and ending, when a rank
+failed, with one root-cause block.
+"""
+
 import sys
 
-from . import find_mpirun, launch_environment, mpirun_command, split_options
+from . import find_mpirun, launch_environment, mpirun_command, output, split_options
 from . import elastic
 
-USAGE = ("usage: python -m hpctrain.launch -np N [MPIRUN OPTIONS --] COMMAND...\n"
+NAME = "python -m hpctrain.launch"
+USAGE = ("usage: python -m hpctrain.launch [--tag-output | --no-tag-output] -np N "
+         "[MPIRUN OPTIONS --] COMMAND...\n"
          "       python -m hpctrain.launch --elastic [ELASTIC OPTIONS] [MPIRUN OPTIONS --] "
          "COMMAND...   (--elastic --help for its options)")
 
 
 def main(argv=None):
-    """``python -m hpctrain.launch -np N [MPIRUN OPTIONS --] COMMAND...``: exec mpirun;
+    """``python -m hpctrain.launch [--tag-output] -np N [MPIRUN OPTIONS --] COMMAND...``:
+    mpirun, its output relayed (:func:`hpctrain.launch.output.run`), its exit status;
     ``python -m hpctrain.launch --elastic ...``: :func:`hpctrain.launch.elastic.main`."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--elastic"]:
         sys.exit(elastic.main(argv[1:]))
+    tag = False
+    while argv[:1] in (["--tag-output"], ["--no-tag-output"]):
+        tag = argv.pop(0) == "--tag-output"
     if len(argv) < 3 or argv[0] not in ("-np", "-n") or not argv[1].isdigit():
         sys.exit(USAGE)
     if argv[2] == "--elastic":
@@ -36,7 +47,7 @@ def main(argv=None):
     except FileNotFoundError as exc:
         sys.exit(str(exc))
     full = mpirun_command(np, command, mpirun=mpirun, extra=extra, tty=sys.stdout.isatty())
-    os.execve(mpirun, full, launch_environment())
+    sys.exit(output.run(full, launch_environment(), tag=tag, name=NAME))
 
 
 if __name__ == "__main__":

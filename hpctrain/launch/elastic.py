@@ -44,7 +44,6 @@ the option, and exit status 2. The launcher says what it does in lines that begi
 """
 
 import contextlib
-import ctypes
 import dataclasses
 import math
 import os
@@ -62,7 +61,8 @@ from .. import elastic as contract
 from .. import mpi_support
 from ..errors import UsageError
 from ..runtime import RANK_VARIABLES
-from . import find_mpirun, kill_launch, launch_environment, mpirun_command, split_options
+from . import end_with_launcher, find_mpirun, kill_launch, launch_environment, mpirun_command
+from . import split_options
 from .hosts import DiscoveryError, discover, fit, given_hosts, host_list, ranks_for, total_slots
 
 NAME = "python -m hpctrain.launch --elastic"
@@ -291,25 +291,6 @@ def elastic_command(np, hosts, command, *, settings, ulfm, extra=(), mpirun="mpi
     return mpirun_command(np, command, mpirun=mpirun, extra=[*flags, *extra], tty=tty)
 
 
-def _libc_prctl():
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-
-PRCTL = _libc_prctl() if sys.platform.startswith("linux") else None
-PR_SET_PDEATHSIG = 1
-
-
-def _end_with_launcher():
-    # Runs in mpirun's process before its exec: the kernel sends it SIGTERM when the
-    # launcher dies, even by SIGKILL, which no handler of ours sees; mpirun, in a session
-    # of its own, would otherwise go on with its ranks.
-    if PRCTL is not None:
-        PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
 class Stopped(Exception):
     """The launcher was sent SIGINT or SIGTERM."""
 
@@ -485,7 +466,7 @@ class ElasticJob:
         self.launched_at, began = time.time(), time.monotonic()
         env, self.cut_short = self.environment(), None
         proc = subprocess.Popen(argv, env=env, start_new_session=True,
-                                preexec_fn=_end_with_launcher)
+                                preexec_fn=end_with_launcher)
         rc = self.watch(proc, np, LaunchRanks(proc.pid, env, np if self.local else None))
         seconds = time.monotonic() - began
         contract.log_event(self.folder, "exit", start=self.starts, rc=rc,

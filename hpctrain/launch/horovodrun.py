@@ -22,6 +22,11 @@ of the launch environment is exported to the ranks too, as horovodrun does, exce
 describe this host or this process (:func:`exported`). Whether the ranks follow a setting is
 ``hpctrain.torch``'s business: the launcher only sets it.
 
+The ranks' output passes through :mod:`hpctrain.launch.output`: every line tagged with its
+rank as horovodrun tags them, ``[RANK]<stdout>:`` (``--no-tag-output``: bare), and after a
+failed job one root-cause block (the first rank to fail, its host, exit status or signal,
+its error). The exit status is mpirun's (srun's).
+
 Options that belong to Horovod's own machinery (Gloo, jsrun, its checks of the hosts and their
 cache, elastic mode, a YAML configuration) are refused with what to do instead
 (:data:`REFUSED`); those that only mpirun can apply (``--mpi-args``, ``-p``, ...) are refused
@@ -43,7 +48,8 @@ import textwrap
 from .. import __version__
 from ..errors import UsageError
 from ..log import LEVELS
-from . import PROGRESS_TTY, find_mpirun, launch_environment, mpirun_command, srun_command
+from . import PROGRESS_TTY, find_mpirun, launch_environment, mpirun_command, output
+from . import srun_command
 from .hosts import given_hosts, host_list, total_slots
 
 NAME = "hpctrain-horovodrun"
@@ -189,7 +195,8 @@ ALIASES = {"--num-proc": "-np", "--hosts": "-H", "-hostfile": "--hostfile",
 LAUNCH_VALUES = ("-np", "-H", "--hostfile", "--mpi-args", "--binding-args",
                  "--output-filename", "-p", "-i", "--network-interfaces")
 #: Options that shape the launch and take none (``--mpi``: MPI is the only controller).
-LAUNCH_FLAGS = ("--verbose", "--mpi", "--prefix-output-with-timestamp", "-h", "-v")
+LAUNCH_FLAGS = ("--verbose", "--mpi", "--prefix-output-with-timestamp", "--tag-output",
+                "--no-tag-output", "-h", "-v")
 #: Options that only mpirun can apply.
 MPIRUN_ONLY = ("--mpi-args", "--binding-args", "--output-filename",
                "--prefix-output-with-timestamp", "-p", "-i")
@@ -220,6 +227,7 @@ class Options:
     mpi_args: list = dataclasses.field(default_factory=list)
     mpirun_only: list = dataclasses.field(default_factory=list)  # such options given
     verbose: bool = False
+    tag: bool = True                  # each line tagged with its rank, as horovodrun does
     help: bool = False
     version: bool = False
 
@@ -281,6 +289,8 @@ def _flag(options, name):
     elif name == "--prefix-output-with-timestamp":
         options.timestamp = True
         options.mpirun_only.append(name)
+    elif name in ("--tag-output", "--no-tag-output"):
+        options.tag = name == "--tag-output"
     elif name != "--mpi":
         setattr(options, {"--verbose": "verbose", "-h": "help", "-v": "version"}[name], True)
 
@@ -465,6 +475,8 @@ launch:
   -p, --ssh-port P             mpirun --mca plm_rsh_args "-p P"
   -i, --ssh-identity-file F    mpirun --mca plm_rsh_args "-i F"
   --network-interfaces NICS    OMPI_MCA_btl_tcp_if_include and NCCL_SOCKET_IFNAME
+  --no-tag-output              the ranks' lines as they wrote them (default: tagged
+                               [RANK]<stdout>: and [RANK]<stderr>:, as horovodrun does)
   --verbose                    print the launch line; HOROVOD_LOG_LEVEL={VERBOSE_LOG_LEVEL}
   --mpi                        accepted (MPI is the only controller)
   -h, --help / -v, --version
@@ -503,8 +515,10 @@ def with_this_python(environ):
 
 
 def main(argv=None):
-    """``hpctrain-horovodrun [OPTIONS] COMMAND...``: exec mpirun (or srun) with the ranks'
-    settings; bad input is one message and exit status 2, with nothing started."""
+    """``hpctrain-horovodrun [OPTIONS] COMMAND...``: run mpirun (or srun) with the ranks'
+    settings, their output tagged by rank (:func:`hpctrain.launch.output.run`: a root-cause
+    block when the job fails); return its exit status. Bad input is one message and exit
+    status 2, with nothing started."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         options = parse_options(argv)
@@ -520,11 +534,10 @@ def main(argv=None):
     except FileNotFoundError as exc:
         print(f"{NAME}: {exc}", file=sys.stderr)
         return 1
+    argv = [program, *launch.argv[1:]]
     if options.verbose:
-        print(f"[{NAME}] {shlex.join([program, *launch.argv[1:]])}", file=sys.stderr,
-              flush=True)
-    os.execve(program, [program, *launch.argv[1:]], launch.env)
-    return None
+        print(f"[{NAME}] {shlex.join(output.labelled(argv))}", file=sys.stderr, flush=True)
+    return output.run(argv, launch.env, tag=options.tag, name=NAME)
 
 
 if __name__ == "__main__":

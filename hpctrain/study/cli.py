@@ -90,6 +90,9 @@ def add_parser(subparsers):
     train.add_argument("--quick", action="store_true",
                        help="np 1,2, ring,horovod,ddp, 2 epochs of the digits MLP: about a "
                             "minute")
+    train.add_argument("--tensorboard", metavar="DIR", default="",
+                       help="every run's TensorBoard event files, in DIR/ALGO-pP-rR (needs "
+                            "the extra: pip install 'hpctrain[tensorboard]'; default: none)")
     _add_launch_options(train, os.path.join("runs", "study-train"))
     train.set_defaults(func=_run_train)
 

@@ -26,6 +26,8 @@ over ranks with MPI as train does. What differs from train, and so is not measur
 - gloo moves bytes over TCP sockets even between ranks of one host, where Open MPI (and so
   hpctrain's algorithms and Horovod) uses shared memory.
 
+``--tensorboard`` writes the epochs' rows as train does (no per-step scalars).
+
 Keys that choose hpctrain's own communication (``--allreduce``, ``--overlap``, the stall and
 consistency settings) are accepted and ignored; ``--regime`` other than ``allreduce``,
 ``--device cuda`` and ``--resume`` are refused.
@@ -45,7 +47,7 @@ import torch.nn.functional as F
 from ..data import HDF5Dataset, digits, split_indices
 from ..errors import UsageError
 from ..runtime import run_guarded
-from ..train import report
+from ..train import report, tensorboard
 from ..train.config import load_config, parse_overrides
 from ..train.build import make_model, make_sampler, optimizer_factory
 from ..torch.ddp import rendezvous
@@ -104,6 +106,8 @@ def _fit(config, comm, ddp, dataset, train_rows, sampler):
         round(config.warmup_epochs * steps_per_epoch), config.epochs * steps_per_epoch,
         config.lr_decay)
     metrics = report.MetricsFile(config.run_path / "metrics.csv", enabled=rank == 0)
+    # The epochs' rows only: the per-step scalars are train's.
+    events = tensorboard.EventLog(config.tensorboard_path, config, enabled=rank == 0)
     if rank == 0:
         print(f"# ddp baseline: {size} rank(s), gloo, model {config.model}, global batch "
               f"{sampler.global_batch_size} = {config.batch_size} per rank x {size}; "
@@ -120,8 +124,10 @@ def _fit(config, comm, ddp, dataset, train_rows, sampler):
         if rank == 0:
             print(report.epoch_line(row, config.epochs), flush=True)
         metrics.write(row)
+        events.epoch(row)
         if 0 < config.max_steps <= step:
             break
+    events.close()
     return history
 
 
@@ -174,6 +180,8 @@ def _check_supported(config):
         raise UsageError("the DDP baseline runs gloo on CPU only: use --device cpu")
     if config.resume:
         raise UsageError("the DDP baseline writes no checkpoints and cannot --resume")
+    if config.tensorboard_path is not None:
+        tensorboard.check(config.tensorboard_path)
 
 
 def _exit(code):

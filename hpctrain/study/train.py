@@ -16,7 +16,9 @@ point runs N times, the algorithms' order rotated, and the best round stands for
 efficiency at p is samples/s(p) / (p · samples/s(1)) of the same algorithm. The report
 folder holds ``train.json`` (every point and every epoch of every run),
 ``samples_per_s_vs_p.png``, ``efficiency_vs_p.png``, ``summary.md`` and ``runs/`` (each
-run's directory and log).
+run's directory and log). ``--tensorboard DIR``: every run writes its TensorBoard event
+files (``hpctrain train --tensorboard``) into ``DIR/ALGO-pP-rR``, so that ``tensorboard
+--logdir DIR`` shows the runs side by side.
 """
 
 import csv
@@ -30,6 +32,7 @@ from .. import collectives
 from ..bench import report
 from ..data.atomic import write_text
 from ..errors import UsageError
+from ..train import tensorboard
 from ..train.config import ALLREDUCE
 from . import launcher, plots
 from .sweep import machine_lines, rank_counts, say
@@ -56,6 +59,8 @@ def run(args):
     if args.rounds < 1:
         raise UsageError(f"--rounds must be >= 1, got {args.rounds}")
     check_batches(args, ranks)
+    if args.tensorboard:
+        tensorboard.check(args.tensorboard)
     bad = [item for item in args.set if "=" not in item]
     if bad:
         raise UsageError(f"--set takes KEY=VALUE (a key of `hpctrain train --help`), got {bad}")
@@ -244,11 +249,14 @@ def noise_lines(rows):
 
 
 def _launch(args, algo, p, round_):
-    run_dir = os.path.join(args.out, "runs", f"{algo}-p{p}-r{round_ + 1}")
+    name = f"{algo}-p{p}-r{round_ + 1}"
+    run_dir = os.path.join(args.out, "runs", name)
+    # Each run in a folder of its own under --tensorboard: one TensorBoard shows them all.
+    events = ["--tensorboard", os.path.join(args.tensorboard, name)] if args.tensorboard else []
     options = ["--model", args.model, "--batch-size", batch_per_rank(args, p),
                "--epochs", args.epochs,
                "--max-steps", args.max_steps, "--progress", "never", "--checkpoint-every", "0",
-               "--run-dir", run_dir, *(f"--{item}" for item in args.set)]
+               "--run-dir", run_dir, *events, *(f"--{item}" for item in args.set)]
     argv = [sys.executable, "-m", "hpctrain.study.ddp", *map(str, options)] if algo == DDP \
         else launcher.hpctrain("train", "--allreduce", algo, *options)
     output = launcher.run(args.launcher, p, argv, args.launch_timeout)

@@ -124,6 +124,10 @@ class TrainConfig:
                                  minimum=1)
     progress: str = _key("auto", "progress bar: auto (only on a terminal), always, never",
                          choices=PROGRESS)
+    tensorboard: str = _key("", "folder for TensorBoard event files, written by rank 0 "
+                                "(needs the extra: pip install 'hpctrain[tensorboard]'); a "
+                                "bare --tensorboard: <run_dir>/tensorboard; '': none",
+                            flag="auto")
     # --- reliability -----------------------------------------------------------------------
     check_consistency: int = _key(0, "every N steps, compare a hash of the weights across "
                                      "ranks; a difference stops the run naming the ranks "
@@ -150,6 +154,14 @@ class TrainConfig:
     def run_path(self):
         """The run directory: ``run_dir``, or ``runs/<name>``."""
         return Path(self.run_dir or Path("runs") / self.name)
+
+    @property
+    def tensorboard_path(self):
+        """The folder of the TensorBoard event files, or ``None`` (``tensorboard`` unset)."""
+        if not self.tensorboard:
+            return None
+        return self.run_path / "tensorboard" if self.tensorboard == "auto" \
+            else Path(self.tensorboard)
 
     def to_dict(self):
         """The configuration as a plain dictionary."""

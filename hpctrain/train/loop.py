@@ -46,7 +46,7 @@ from ..runtime import agree_with_root, checks
 from ..sampler import shard_indices
 from ..torch.engine import ProcessFailure, process_failure
 from ..watchdog import StallWatchdog
-from . import build, checkpoint, header, replicas, report, resume
+from . import build, checkpoint, header, replicas, report, resume, tensorboard
 from .config import checkpoint_interval
 from .nonfinite import NonFiniteError, describe, verdict
 from .schedule import WarmupSchedule, target_lr
@@ -132,10 +132,11 @@ class RunData:
 @dataclass
 class Measurements:
     """What a run measures: the running sums of this epoch, one row per epoch done, and
-    ``metrics.csv`` (which only rank 0 writes)."""
+    ``metrics.csv`` and the TensorBoard event files (which only rank 0 writes)."""
 
     metrics: report.MetricsFile
     sums: EpochSums
+    events: tensorboard.EventLog
     history: list = dataclasses.field(default_factory=list)
 
     def new_epoch(self, first_step):
@@ -143,9 +144,10 @@ class Measurements:
         self.sums = EpochSums(first_step=first_step)
 
     def add(self, row):
-        """Keep one epoch's row and append it to ``metrics.csv``."""
+        """Keep one epoch's row and append it to ``metrics.csv`` and the event files."""
         self.history.append(row)
         self.metrics.write(row)
+        self.events.epoch(row)
 
 
 def train(config, comm=None):
@@ -241,6 +243,8 @@ class Run:
         Return the checkpoint as ``(path, state)``, or ``(None, None)``. Bad input raises
         ``UsageError``."""
         build.check_world(config, self.size)
+        if config.tensorboard_path is not None and self.rank == 0:
+            tensorboard.check(config.tensorboard_path)     # only rank 0 writes there
         resume_path, saved = checkpoint.find(config.resume, config.run_path)
         if saved is not None:
             resume.check_checkpoint(saved, config, self.size, resume_path)
@@ -294,7 +298,9 @@ class Run:
         metrics = report.MetricsFile(config.run_path / "metrics.csv", append=saved is not None,
                                      enabled=self.rank == 0,
                                      epochs_done=self.data.sampler.epoch)
-        self.measured = Measurements(metrics, sums)
+        events = tensorboard.EventLog(config.tensorboard_path, config, enabled=self.rank == 0,
+                                      purge_step=step + 1 if saved is not None else None)
+        self.measured = Measurements(metrics, sums, events)
         if self.rank == 0:
             header.write(config, self.data, self.model, self.regime, size=self.size,
                          device=self.device, schedule=self.schedule, updates_per_epoch=per_epoch,
@@ -370,21 +376,25 @@ class Run:
             start = time.perf_counter()
             x, y = self.read_batch(positions)
             loaded = time.perf_counter()
-            self.regime.set_lr(self.schedule(position.step))
+            lr = self.schedule(position.step)
+            self.regime.set_lr(lr)
             loss, correct, count = self.forward_backward(x, y)
             computed = time.perf_counter()
             done = self.regime.step(lambda: self._update_allowed(loss))
             finished = time.perf_counter()
             if done.updated:
                 self.count_batch(sums, loss, correct, count)
-            sums.data_s += loaded - start
-            sums.compute_s += (computed - loaded) + (finished - computed - done.waited)
-            sums.exposed_s += done.waited
+            data_s, exposed_s = loaded - start, done.waited
+            compute_s = (computed - loaded) + (finished - computed - exposed_s)
+            sums.data_s += data_s
+            sums.compute_s += compute_s
+            sums.exposed_s += exposed_s
             # The communication thread's time, bucket by bucket (NaN under Horovod).
             now = self.regime.comm_seconds
             sums.comm_s += now - mark
             mark = now
             position.step += 1
+            self.measured.events.step(position.step, loss, lr, data_s, compute_s, exposed_s)
             progress.update(sampler.batch, f"loss {loss:.4f}")
             faults.inject("train.step", self.rank)
             if faults.inject("train.perturb", self.rank) == "perturb":
@@ -516,6 +526,7 @@ class Run:
         self.regime.close()
         self.comm.Free()
         self.data.close()
+        self.measured.events.close()
 
     def abandon(self, lost=False):
         """After a failure: release what needs no other rank; the job is about to end, or,
@@ -531,6 +542,9 @@ class Run:
         watchdog = getattr(self, "watchdog", None)
         if watchdog is not None:
             watchdog.stop()
+        measured = getattr(self, "measured", None)
+        if measured is not None:
+            measured.events.close()     # what this rank wrote since the last epoch's flush
 
 
 def lost_rank(exc):

@@ -7,6 +7,7 @@
 #   HPCTRAIN_VENV      a virtual environment to activate (default: ./.venv when it exists)
 #   HPCTRAIN_LAUNCHER  srun (default) or mpirun
 #   HPCTRAIN_ARGS      extra arguments for the hpctrain subcommand of the job
+#   HPCTRAIN_TAG_OUTPUT  1: each line of the job's output tagged with its rank ([R]<stdout>:)
 
 cd "${SLURM_SUBMIT_DIR:-.}" || exit 1
 if [ -n "${HPCTRAIN_VENV:-}" ]; then
@@ -27,7 +28,7 @@ mpirun_flags=(-bind-to none -map-by slot -x PATH -x LD_LIBRARY_PATH)
 # job's own (HPCTRAIN_ARGS, HPCTRAIN_VENV, HPCTRAIN_LAUNCHER) are read here, not by ranks.
 for name in $(compgen -e); do
     case $name in
-        HPCTRAIN_ARGS | HPCTRAIN_VENV | HPCTRAIN_LAUNCHER) ;;
+        HPCTRAIN_ARGS | HPCTRAIN_VENV | HPCTRAIN_LAUNCHER | HPCTRAIN_TAG_OUTPUT) ;;
         HPCTRAIN_*) mpirun_flags+=(-x "$name") ;;
     esac
 done
@@ -53,8 +54,21 @@ launcher_error() {
     echo "HPCTRAIN_LAUNCHER must be srun or mpirun, got '$HPCTRAIN_LAUNCHER'" >&2
 }
 
+# relay: the command prefix that passes a step's output through hpctrain.launch.output: each
+# line tagged with its rank when HPCTRAIN_TAG_OUTPUT=1 (as the ranks wrote it otherwise), and
+# after a failed step one root-cause block: the first rank to fail, its host, its exit status
+# or signal and the first lines of its error. Nothing where the environment lacks hpctrain.
+relay() {
+    if python -c 'import hpctrain.launch.output' >/dev/null 2>&1; then
+        local tag=--no-tag-output
+        [ "${HPCTRAIN_TAG_OUTPUT:-0}" = 1 ] && tag=--tag-output
+        echo python -m hpctrain.launch.output "$tag" --
+    fi
+}
+
 launch() {
-    local gpu_bind=()
+    local gpu_bind=() watch
+    read -ra watch <<< "$(relay)"
     # In a GPU job every task sees all of its node's GPUs (--gpu-bind=none), so that a rank
     # takes the one of its node-local rank (`torch.cuda.set_device(hvd.local_rank())`,
     # `--device cuda`) and reaches the others directly (CUDA IPC); under --gpus-per-task Slurm
@@ -66,13 +80,13 @@ launch() {
         # counts come from the allocation (SLURM_NTASKS, SLURM_NTASKS_PER_NODE). A task that
         # exits non-zero ends the whole step at once (--kill-on-bad-exit): its peers would
         # otherwise wait for it in a collective until the time limit.
-        srun) srun --mpi=pmix --kill-on-bad-exit=1 "${gpu_bind[@]}" "$@" ;;
+        srun) "${watch[@]}" srun --mpi=pmix --kill-on-bad-exit=1 "${gpu_bind[@]}" "$@" ;;
         # Open MPI's mpirun reads the Slurm allocation itself; -np is given only so that the
         # log shows it. mpirun ends the job when one rank fails. It starts its daemons with
         # srun, one task per node, which would read SLURM_GPUS_PER_TASK (--gpus-per-task=1)
         # and give each daemon, and so all the ranks of its node, one GPU; without it the
         # daemons' step gets every GPU of the job (srun's default).
-        mpirun) env -u SLURM_GPUS_PER_TASK \
+        mpirun) env -u SLURM_GPUS_PER_TASK "${watch[@]}" \
                     mpirun -np "$SLURM_NTASKS" "${mpirun_flags[@]}" "$@" ;;
         *) launcher_error; return 2 ;;
     esac
