@@ -147,9 +147,10 @@ def test_after_a_crash_the_files_hold_every_epoch_before_it(mpirun, hpctrain_cmd
 
 def test_a_folder_without_permission_is_named(tmp_path, monkeypatch):
     # (As root every folder is writable: the permission is what os.access answers.)
+    from hpctrain.data import atomic
     from hpctrain.train import tensorboard
 
-    monkeypatch.setattr(tensorboard.os, "access", lambda path, mode: False)
+    monkeypatch.setattr(atomic.os, "access", lambda path, mode: False)
     with pytest.raises(UsageError, match=f"--tensorboard {tmp_path / 'a' / 'b'}: cannot write "
                                          f"in {tmp_path} \\(no permission\\)"):
         tensorboard.check(tmp_path / "a" / "b")

@@ -53,3 +53,20 @@ def write_json(path, document, indent=1):
     """Write ``document`` as JSON (``indent``, no final newline) to ``path`` whole or not at
     all."""
     write_text(path, json.dumps(document, indent=indent))
+
+
+def writable_folder(option, path):
+    """``path`` as a ``Path`` if it is a folder, or can be made as one, where this process may
+    write; else a ``UsageError`` for ``option`` naming the nearest existing part that is not a
+    folder or not writable. Makes nothing."""
+    from ..errors import UsageError
+
+    path = Path(path)
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageError(f"{option} {path}: {existing} is not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"{option} {path}: cannot write in {existing} (no permission)")
+    return path

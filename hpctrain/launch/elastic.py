@@ -59,6 +59,7 @@ import psutil
 
 from .. import elastic as contract
 from .. import mpi_support
+from ..data.atomic import writable_folder
 from ..errors import UsageError
 from ..runtime import RANK_VARIABLES
 from . import end_with_launcher, find_mpirun, kill_launch, launch_environment, mpirun_command
@@ -220,14 +221,7 @@ def state_folder(given):
     ``runs/elastic/``; ``UsageError`` when it cannot be made or written."""
     path = Path(given) if given else \
         Path("runs", "elastic", f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
-    existing = path
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise UsageError(f"--state-dir {path}: {existing} is not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise UsageError(f"--state-dir {path}: {existing} is not writable")
-    return path
+    return writable_folder("--state-dir", path)
 
 
 def use_ulfm(forced, command, mpirun):

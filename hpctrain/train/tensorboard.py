@@ -26,10 +26,9 @@ be the worse for it.
 """
 
 import math
-import os
 import time
-from pathlib import Path
 
+from ..data.atomic import writable_folder
 from ..errors import UsageError
 from .report import COLUMNS
 
@@ -54,15 +53,7 @@ def check(path):
     except ImportError:
         raise UsageError(f"--tensorboard {path}: the tensorboard package is not installed "
                          f"(the tensorboard extra: {INSTALL})") from None
-    path = Path(path)
-    existing = path
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise UsageError(f"--tensorboard {path}: {existing} is not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise UsageError(f"--tensorboard {path}: cannot write in {existing} "
-                         f"(no permission)")
+    path = writable_folder("--tensorboard", path)
 
 
 class EventLog:
