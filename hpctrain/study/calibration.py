@@ -16,7 +16,6 @@ line naming the run and an example of a good one (``UsageError``: exit 2).
 import functools
 import math
 import os
-import tomllib
 from dataclasses import asdict, dataclass, replace
 
 from ..data.atomic import write_json, write_text
@@ -71,15 +70,8 @@ def load(path=None):
     """The :class:`Run` s of ``path`` (the shipped file without one); ``UsageError`` naming the
     file, the run and an example of a good one where it is missing or malformed."""
     path = path or PATH
-    try:
-        with open(path, "rb") as f:
-            document = tomllib.load(f)
-    except OSError as exc:
-        raise UsageError(f"--published {path}: {exc.strerror}; give a TOML file of runs, each "
-                         f"{EXAMPLE}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"--published {path}: not TOML ({exc}); a run reads {EXAMPLE}") \
-            from None
+    document = defaults_mod.read_toml("--published", path, "a TOML file of runs", "a run",
+                                      EXAMPLE)
     tables = document.get("run")
     if not isinstance(tables, list) or not tables:
         raise UsageError(f"--published {path}: no [[run]] entries; a run reads {EXAMPLE}")

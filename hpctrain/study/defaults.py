@@ -61,19 +61,26 @@ class Defaults:
             BASES[self.basis[term]]
 
 
+def read_toml(option, path, what, item, example):
+    """The TOML document at ``path``, given with ``option``; ``UsageError`` saying what is
+    wrong and what ``item`` of ``what`` reads like (``example``) where it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except OSError as exc:
+        raise UsageError(f"{option} {path}: {exc.strerror}; give {what}, e.g. {item} "
+                         f"{example}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{option} {path}: not TOML ({exc}); {item} reads {example}") \
+            from None
+
+
 def load(path=None):
     """The :class:`Defaults` of ``path`` (the shipped file without one); ``UsageError`` naming
     the file, the entry and an example of a good one where it is missing or malformed."""
     path = path or PATH
-    try:
-        with open(path, "rb") as f:
-            document = tomllib.load(f)
-    except OSError as exc:
-        raise UsageError(f"--defaults {path}: {exc.strerror}; give a TOML file of default "
-                         f"ranges, e.g. an entry {EXAMPLE}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"--defaults {path}: not TOML ({exc}); an entry reads "
-                         f"{EXAMPLE}") from None
+    document = read_toml("--defaults", path, "a TOML file of default ranges", "an entry",
+                         EXAMPLE)
     figures, basis = {}, {}
     for term in TERMS:
         figures[term], basis[term] = _entry(path, term, document.get(term))
