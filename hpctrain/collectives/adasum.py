@@ -36,7 +36,7 @@ import numpy as np
 from .. import tags
 from ..errors import UsageError
 from .algorithm import algorithm_code
-from .buffers import flatten
+from .buffers import flatten, stage
 from .contexts import context
 from .dtypes import DTYPES
 
@@ -52,9 +52,10 @@ def adasum_allreduce(buf, comm=None):
     """Replace ``buf`` on every rank of ``comm`` (default ``COMM_WORLD``) by the Adasum of
     all ranks' ``buf``; return ``buf``.
 
-    ``buf``: a contiguous, writable NumPy array or CPU torch tensor of float16, float32 or
-    float64, of any shape (it is combined as one vector: Adasum's dot products are per
-    tensor), with the same size and dtype on every rank. ``comm``: an mpi4py
+    ``buf``: a contiguous, writable NumPy array or torch tensor (CPU or CUDA: Adasum's dot
+    products run on the host, so device memory is staged through a pinned host buffer) of
+    float16, float32 or float64, of any shape (it is combined as one vector: Adasum's dot
+    products are per tensor), with the same size and dtype on every rank. ``comm``: an mpi4py
     intracommunicator whose size is a power of two (a ``UsageError`` on every rank
     otherwise).
 
@@ -74,13 +75,19 @@ def adasum_allreduce(buf, comm=None):
         return buf
     ctx = context(comm)
     try:
-        values = _values(buf)
+        flat, dtype, device = _values(buf)
     except UsageError:
         ctx.announce_invalid()   # the others raise in their check instead of waiting
         raise
-    ctx.verify(_call_vector(values))
-    if values.shape[0]:
-        _halve_and_double(ctx.comm, values, ctx.rank, ctx.size)
+    ctx.verify(_call_vector(len(flat), dtype))
+
+    def combine(host):
+        _halve_and_double(ctx.comm, host.view(np.float16) if dtype.half else host, ctx.rank,
+                          ctx.size)
+    if len(flat) and device is None:
+        combine(flat)
+    elif len(flat):
+        stage(ctx, dtype, (flat,), (flat,), combine)
     return buf
 
 
@@ -96,21 +103,19 @@ def _size(comm):
 
 
 def _values(buf):
-    """The 1-D view of ``buf`` whose values Adasum combines (no copy)."""
-    flat, dtype, device = flatten(buf)
-    if device is not None:
-        raise UsageError("adasum_allreduce works on host memory, got a CUDA tensor: pass "
-                         "t.cpu() and copy the result back")
+    """``flatten(buf)``: the 1-D transport view whose values Adasum combines (no copy), its
+    dtype (floating point, or a ``UsageError``) and its device (``None``: host memory)."""
+    flat, dtype, device = flatten(buf, "adasum_allreduce")
     if dtype.name not in FLOAT_DTYPES:
         raise UsageError(f"adasum_allreduce combines floating-point vectors, got dtype "
                          f"{dtype.name}; valid choices: {', '.join(FLOAT_DTYPES)}")
-    return flat.view(np.float16) if dtype.half else flat
+    return flat, dtype, device
 
 
-def _call_vector(values):
-    """The mismatch check's vector (see :mod:`.check`) for Adasum on ``values``."""
-    fields = (1, values.shape[0], DTYPES[values.dtype.name].code, 0, algorithm_code("adasum"),
-              0, 0)
+def _call_vector(count, dtype):
+    """The mismatch check's vector (see :mod:`.check`) for Adasum on ``count`` values of
+    ``dtype``."""
+    fields = (1, count, DTYPES[dtype.name].code, 0, algorithm_code("adasum"), 0, 0)
     return np.array(fields + tuple(-v for v in fields), dtype=np.int64)
 
 

@@ -247,3 +247,22 @@ def test_fused_refuses_cpu_and_cuda_tensors_together(device):
     allreduce(still)                         # every rank raised: none is left waiting
     ok = "one device" in message and bool((still == SIZE * (SIZE - 1) / 2).all())
     all_ranks(ok, [message])
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_adasum_of_cuda_tensors_equals_adasum_of_their_cpu_copies(path, device, dtype):
+    """Adasum's dot products run on the host: device memory is staged, whatever the MPI."""
+    if SIZE & (SIZE - 1):
+        pytest.skip(f"Adasum needs a power of two of ranks, not {SIZE}")
+    from hpctrain.collectives.adasum import adasum_allreduce
+
+    _, comm = path
+    failures = []
+    for count in (0, 1, 1009):
+        cpu = torch.tensor(contribution(RANK, count, salt=count), dtype=getattr(torch, dtype))
+        gpu = cpu.to(device)
+        adasum_allreduce(cpu, comm=comm)
+        out = adasum_allreduce(gpu, comm=comm)
+        if out is not gpu or gpu.device != device or not torch.equal(gpu.cpu(), cpu):
+            failures.append(f"{dtype} n={count}: differs from the CPU's Adasum")
+    all_ranks(not failures, failures)

@@ -37,13 +37,15 @@ def values(rank, count, dtype):
 
 
 def both(call, make):
-    """``call`` on a CPU tensor and on its CUDA copy; the two results, on the CPU."""
+    """``call`` on a CPU tensor and on its CUDA copy; the two results, on the CPU. The result
+    is what ``call`` returns, or its argument (changed in place) where it returns nothing."""
     cpu = make()
     gpu = cpu.to(rank_device())
-    call(cpu)
-    call(gpu)
+    cpu_result = call(cpu)
+    gpu_result = call(gpu)
     torch.cuda.synchronize()
-    return cpu, gpu.cpu()
+    return (cpu if cpu_result is None else cpu_result,
+            (gpu if gpu_result is None else gpu_result).cpu())
 
 
 def test_collectives_on_cuda_equal_cpu(group):
@@ -62,7 +64,7 @@ def test_collectives_on_cuda_equal_cpu(group):
         def gather(t):
             out = torch.empty(t.numel() * SIZE, dtype=t.dtype, device=t.device)
             dist.all_gather_into_tensor(out, t)
-            t.resize_(out.numel()).copy_(out)
+            return out
         cpu, gpu = both(gather, lambda: values(RANK, 77, dtype))
         if not torch.equal(cpu, gpu):
             failures.append(f"all_gather_into_tensor {dtype}")
@@ -70,7 +72,7 @@ def test_collectives_on_cuda_equal_cpu(group):
         def scatter(t):
             out = torch.empty(t.numel() // SIZE, dtype=t.dtype, device=t.device)
             dist.reduce_scatter_tensor(out, t)
-            t.resize_(out.numel()).copy_(out)
+            return out
         cpu, gpu = both(scatter, lambda: values(RANK, 77 * SIZE, dtype))
         if not torch.equal(cpu, gpu):
             failures.append(f"reduce_scatter_tensor {dtype}")

@@ -16,7 +16,7 @@ process set's communicator.
 import torch
 
 from .common import (Adasum, Average, OP_NAMES, WIDENED, check_tensor, describe_tensors,
-                     on_thread, resolve_op, scaled, signature, start, submit,
+                     on_thread, resolve_op, scaled, signature, start, submit, unsupported,
                      synchronize)
 from ..process_sets import global_process_set
 
@@ -85,6 +85,10 @@ def _grouped_async(tensors, outputs, average, name, op, prescale_factor, postsca
                             f"{type(tensors).__name__}")
         for t in tensors:
             check_tensor(t, function)
+        devices = sorted({str(t.device) for t in tensors})
+        if len(devices) > 1:   # as Horovod: one group, one device (a RuntimeError there too)
+            raise unsupported(f"tensors on several devices ({', '.join(devices)}) in one "
+                              f"{function}", "reduce each device's tensors in a call of its own")
         chosen = resolve_op(average, op)
         if chosen == Adasum and any(not t.dtype.is_floating_point for t in tensors):
             raise TypeError("op=Adasum takes floating-point tensors only")

@@ -54,6 +54,9 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
 
     w, pset, name, sends = start(function, name, process_set, check)
     algo = w.algorithm_for("alltoall")
+    # received_splits lives where the splits were given (a CUDA tensor's on its device, as
+    # Horovod returns them); from a list, on the CPU.
+    splits_device = splits.device if isinstance(splits, torch.Tensor) else torch.device("cpu")
 
     def work(comm, infos):
         from ... import collectives
@@ -69,7 +72,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
             collectives.alltoall(tensor.detach().contiguous().view(-1),
                                  [s * width for s in sends], out.view(-1),
                                  [r * width for r in received], algo=algo, comm=comm)
-        return out, torch.tensor(received, dtype=torch.int32)
+        return out, torch.tensor(received, dtype=torch.int32, device=splits_device)
 
     signature = ("alltoall", dtype_name(tensor), tuple(tensor.shape[1:]), where(tensor))
     return submit(w, pset, name, signature, describe_tensors("alltoall", name, [tensor]),

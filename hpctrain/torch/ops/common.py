@@ -199,12 +199,16 @@ def poll(handle):
 
 
 def scaled(tensor, factor):
-    """``tensor`` times ``factor`` in place, as Horovod scales: integers in float64, half
-    precision in float32, then rounded back to the tensor's dtype."""
+    """``tensor`` times ``factor`` in place, as Horovod scales: integers in float64, then
+    rounded back to the tensor's dtype; half precision in float32 on the CPU, and on a CUDA
+    device by the factor rounded to the tensor's dtype (Horovod's GPU kernels multiply two
+    halves; their exact product, rounded once, is what this gives)."""
     if factor == 1.0:
         return tensor
     if tensor.dtype.is_floating_point and tensor.itemsize >= 4:
         return tensor.mul_(factor)
+    if tensor.dtype.is_floating_point and tensor.is_cuda:
+        return tensor.mul_(torch.tensor(factor, dtype=tensor.dtype).item())
     wide = torch.float32 if tensor.dtype.is_floating_point else torch.float64
     tensor.copy_(tensor.to(wide).mul_(factor))
     return tensor
