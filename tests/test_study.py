@@ -258,6 +258,63 @@ def test_study_refuses_sizes_from_zero(sizes):
         allreduce._size_span(sizes, 4)
 
 
+def _study_args(tmp_path, *argv):
+    import argparse
+
+    from hpctrain.study import cli
+
+    parser = argparse.ArgumentParser()
+    cli.add_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["study", "allreduce", "--out", str(tmp_path), *argv])
+
+
+class _Launched(Exception):
+    pass
+
+
+def _first_bench(monkeypatch, args):
+    """The arguments of the study's first benchmark launch (nothing is launched)."""
+    seen = []
+
+    def bench(_args, p, kind, *options):
+        seen.append((p, kind) + tuple(str(o) for o in options))
+        raise _Launched
+    monkeypatch.setattr(allreduce, "_bench", bench)
+    with pytest.raises(_Launched):
+        allreduce.run(args)
+    return seen[0]
+
+
+def test_study_takes_zero_warmup_as_given_and_its_defaults_from_one_table(tmp_path,
+                                                                        monkeypatch):
+    # --warmup 0 once became 2 (a fallback written `args.warmup or 2`).
+    launch = _first_bench(monkeypatch, _study_args(tmp_path, "--warmup", "0"))
+    assert launch[launch.index("-w") + 1] == "0"
+    launch = _first_bench(monkeypatch, _study_args(tmp_path))
+    defaults = allreduce.DEFAULTS
+    assert launch[launch.index("-w") + 1] == str(defaults["warmup"])
+    assert launch[launch.index("-n") + 1] == str(defaults["iters"] * 5)
+    assert launch[launch.index("-f") + 1] == str(defaults["factor"])
+    quick = _first_bench(monkeypatch, _study_args(tmp_path, "--quick", "--iters", "3"))
+    assert quick[quick.index("-n") + 1] == "15"         # given beats --quick
+    assert quick[quick.index("-w") + 1] == str(allreduce.QUICK["warmup"])
+
+
+def test_study_help_states_the_defaults_it_uses(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        _study_args(tmp_path, "--help")
+    text = " ".join(capsys.readouterr().out.split())
+    for key in ("np", "sizes", "factor", "iters", "warmup"):
+        assert f"(default: {allreduce.DEFAULTS[key]})" in text, key
+
+
+@pytest.mark.parametrize("option, value", [("--iters", "0"), ("--warmup", "-1"),
+                                           ("--factor", "1"), ("--ranks-per-node", "-2")])
+def test_study_refuses_a_count_below_its_least(tmp_path, option, value):
+    with pytest.raises(UsageError, match=f"{option} .* must be >= "):
+        allreduce.run(_study_args(tmp_path, option, value))
+
+
 @pytest.mark.alone
 def test_study_refuses_sizes_from_zero_before_launching(tmp_path):
     done = subprocess.run([sys.executable, "-m", "hpctrain", "study", "allreduce", "--sizes",

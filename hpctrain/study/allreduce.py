@@ -20,7 +20,7 @@ import numpy as np
 from ..bench import report
 from ..bench.sizes import format_size
 from . import costmodel, launcher, plots
-from .sweep import machine_lines, rank_counts, say
+from .sweep import machine_lines, rank_counts, say, settle
 from .predict import prediction_table, prediction_markdown
 from .. import collectives
 from ..data.atomic import write_text
@@ -31,22 +31,27 @@ from ..collectives import auto, cost
 SMALLEST = 4
 #: Ranks per node assumed for the prediction at scale when the study ran on one machine.
 SCALE_PER_NODE = 8
+#: What each option is when the command line leaves it out (``study allreduce --help`` says
+#: the same), and with ``--quick``.
+DEFAULTS = {"np": "2,3,4", "sizes": "8:64M", "factor": 4, "iters": 10, "warmup": 2,
+            "ranks_per_node": 0}
 QUICK = {"np": "2,3", "sizes": "8:1M", "factor": 16, "iters": 5, "warmup": 1}
+#: The smallest value each number option takes, and what it counts.
+SMALLEST_VALUE = {"factor": (2, "the size step factor"), "iters": (1, "timed iterations"),
+                  "warmup": (0, "warm-up iterations"),
+                  "ranks_per_node": (0, "ranks per node (0: one node)")}
 
 
 def run(args):
     """Run the whole study; return 0 if every launch succeeded and no result was wrong."""
-    if args.quick:
-        for key, value in QUICK.items():
-            if getattr(args, key) is None:
-                setattr(args, key, value)
-    ranks = rank_counts(args.np or "2,3,4", minimum=2)
-    args.ranks_per_node = getattr(args, "ranks_per_node", 0) or 0
-    if args.ranks_per_node < 0:
-        raise UsageError(f"--ranks-per-node must be >= 0 (0: one node), got "
-                         f"{args.ranks_per_node}")
-    factor, iters, warmup = args.factor or 4, args.iters or 10, args.warmup or 2
-    low, high = _size_span(args.sizes or "8:64M", factor)
+    settle(args, DEFAULTS, QUICK)
+    for key, (least, what) in SMALLEST_VALUE.items():
+        if getattr(args, key) < least:
+            raise UsageError(f"--{key.replace('_', '-')} ({what}) must be >= {least}, got "
+                             f"{getattr(args, key)}")
+    ranks = rank_counts(args.np, minimum=2)
+    factor, iters, warmup = args.factor, args.iters, args.warmup
+    low, high = _size_span(args.sizes, factor)
     os.makedirs(args.out, exist_ok=True)
     cores = os.cpu_count() or 1
     started = time.monotonic()

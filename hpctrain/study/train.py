@@ -35,7 +35,7 @@ from ..errors import UsageError
 from ..train import tensorboard
 from ..train.config import ALLREDUCE
 from . import launcher, plots
-from .sweep import machine_lines, rank_counts, say
+from .sweep import machine_lines, rank_counts, say, settle
 
 #: The PyTorch DistributedDataParallel baseline's name among the ``--allreduce`` names.
 DDP = "ddp"
@@ -47,10 +47,8 @@ QUICK = {"np": "1,2", "allreduce": "ring,horovod,ddp", "epochs": 2, "rounds": 1}
 
 def run(args):
     """Run the whole study; return 0 (a failed launch raises with its output)."""
+    settle(args, DEFAULTS, QUICK)
     defaults = QUICK if args.quick else DEFAULTS
-    for key, value in defaults.items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
     ranks, algos = _rank_counts(args.np), algorithms(args.allreduce)
     if args.allreduce == defaults["allreduce"]:
         algos = [a for a in algos if a != "horovod" or "horovod" in collectives.available()]
