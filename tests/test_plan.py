@@ -81,7 +81,7 @@ def test_horovod_fuses_what_is_ready_at_each_cycle_up_to_the_buffer():
 
 def test_one_rank_reduces_nothing_and_is_the_reference():
     layers = [Layer("a", 1 << 20, 1.0)]
-    cluster = planner.link_cluster(4, "pcie", "25gbe")
+    cluster = planner.nominal_cluster(4, "pcie", "25gbe")
     rows = planner.plan(layers, 32, 100.0, cluster, 8, ["ring"], ["hpctrain"])
     assert [r["np"] for r in rows] == [1, 2, 4, 8]
     assert rows[0]["exposed_s"] == 0 and rows[0]["efficiency"] == 1.0
@@ -93,7 +93,7 @@ def test_one_rank_reduces_nothing_and_is_the_reference():
 
 def test_link_presets_become_cost_parameters():
     # By name at the nominal line rate (what a simulated fabric is built of) ...
-    cluster = planner.link_cluster(8, "nvlink", "ib-edr", efficiency=0.5, adapters=2)
+    cluster = planner.nominal_cluster(8, "nvlink", "ib-edr", efficiency=0.5, adapters=2)
     assert cluster.params.beta == pytest.approx(1 / 75e9)
     assert cluster.params.beta_inter == pytest.approx(1 / 12.5e9)
     assert cluster.params.alpha_inter == pytest.approx(1.5e-6)
@@ -111,7 +111,7 @@ def test_link_presets_become_cost_parameters():
     (lambda: planner.rank_counts(512, 3), "not a whole number of nodes of 3 ranks: give a "
                                        "multiple of 3"),
     (lambda: planner.rank_counts(8192, 8), "between 1 and 4096"),
-    (lambda: planner.link_cluster(4, "pcie", "30gbe"), "unknown link '30gbe'; presets: nvlink"),
+    (lambda: planner.nominal_cluster(4, "pcie", "30gbe"), "unknown link '30gbe'; presets: nvlink"),
     (lambda: links.link("30gbe", "--inter"), "--inter '30gbe': give a preset .* or "
                                               "RATE.,LATENCY., e.g. --inter 50gbit,5us"),
     (lambda: planner.strong_counts(1000, 64), "give a multiple of --batch 64"),

@@ -29,7 +29,7 @@ def test_a_measured_step_puts_the_one_bucket_after_the_last_gradient():
     # its whole reduction is exposed: step = forward + backward + one ring over 2 ranks.
     layers = [Layer("a", 100, 0.0), Layer("b", 200, 0.0), Layer("c", 300, 0.0)]
     measured = compute.Compute(8, 1, 0.2, 0.5, {"c": 0.1, "b": 0.3, "a": 0.5})
-    cluster = planner.link_cluster(2, "10gbe", "10gbe")
+    cluster = planner.nominal_cluster(2, "10gbe", "10gbe")
     rows = planner.plan(layers, 8, None, cluster, 2, ["ring"], ["hpctrain"], (1.0,),
                      compute=measured)
     one, two = rows

@@ -169,7 +169,8 @@ def predict(run, defaults):
 
     def efficiency(ends):
         cluster = planner.links_cluster(run.ranks_per_node, intra.at(ends.get("intra", "point")),
-                                     inter.at(ends.get("inter", "point")), run.adapters)
+                                     inter.at(ends.get("inter", "point")),
+                                     adapters=run.adapters)
         rows = planner.plan(layers, run.batch, run.rate.at(planner.FLIP[ends.get("rate", "point")]),
                          cluster, run.gpus, ["ring"], [run.policy], fusion_mb=run.fusion_mb,
                          cycle_ms=run.cycle_ms, overheads=overheads.at_each(ends))

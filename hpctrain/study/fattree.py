@@ -180,9 +180,9 @@ def closed_form(tree, algo, nbytes):
     """Seconds the cost model predicts: a cluster of one rank per node on the tree's link
     preset, the ranks spread over ``ranks`` nodes."""
     from ..collectives import cost
-    from .planner import link_cluster
+    from .planner import nominal_cluster
 
-    cluster = link_cluster(1, tree.link, tree.link, reduce_rate=tree.reduce_rate)
+    cluster = nominal_cluster(1, tree.link, tree.link, reduce_rate=tree.reduce_rate)
     return cost.predict(algo, nbytes, tree.ranks, cluster.params, tree.ranks,
                         ranks_per_node=1)
 

@@ -280,7 +280,8 @@ def cluster_of(args):
 
     def at(end, inter_end=None):
         return links_cluster(args.ranks_per_node, intra.at(end), inter.at(inter_end or end),
-                             args.adapters, args.reduce_rate * 1e9, args.link_efficiency)
+                             adapters=args.adapters, reduce_rate=args.reduce_rate * 1e9,
+                             efficiency=args.link_efficiency)
     return at
 
 

@@ -42,7 +42,7 @@ def rank_counts(largest, ranks_per_node):
     return sorted(set(counts + [largest]))
 
 
-def links_cluster(ranks_per_node, intra, inter, adapters=1, reduce_rate=100e9,
+def links_cluster(ranks_per_node, intra, inter, *, adapters=1, reduce_rate=100e9,
                   efficiency=1.0):
     """A cluster of two :class:`.links.Link`: the busbw each reaches in practice (times
     ``efficiency``), ``adapters`` between nodes; ``reduce_rate`` (bytes/s) is one rank's
@@ -55,12 +55,12 @@ def links_cluster(ranks_per_node, intra, inter, adapters=1, reduce_rate=100e9,
                    f"{inter.name} between nodes{share}, reduction {reduce_rate / 1e9:g} GB/s")
 
 
-def link_cluster(ranks_per_node, intra, inter, efficiency=1.0, adapters=1,
-                 reduce_rate=100e9):
+def nominal_cluster(ranks_per_node, intra, inter, *, adapters=1, reduce_rate=100e9,
+                    efficiency=1.0):
     """:func:`links_cluster` of preset names at their nominal line rates
-    (:func:`.links.at_line`, what a simulated fabric is built from)."""
-    return links_cluster(ranks_per_node, at_line(intra), at_line(inter), adapters, reduce_rate,
-                         efficiency)
+    (:func:`.links.at_line`, what a simulated fabric is built from); the same keywords."""
+    return links_cluster(ranks_per_node, at_line(intra), at_line(inter), adapters=adapters,
+                         reduce_rate=reduce_rate, efficiency=efficiency)
 
 
 def computed(layers, batch, samples_per_s, measured=None):
