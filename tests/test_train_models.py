@@ -34,3 +34,18 @@ def test_unknown_model_and_bad_cnn_input():
         build_model("resnet", (1, 8, 8), 10)
     with pytest.raises(ValueError, match="image samples"):
         build_model("cnn", (64,), 10)
+
+
+def test_train_checks_model_names_against_the_registry_itself():
+    # A second list of names in the configuration once rejected a model added here.
+    import subprocess
+    import sys
+
+    from hpctrain.train import config
+
+    assert config.MODELS is MODELS
+    # Checking a configuration loads no torch: the registry names its modules, not builders.
+    done = subprocess.run([sys.executable, "-c", "import sys, hpctrain.train.config; "
+                           "print('torch' in sys.modules)"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.stdout.strip() == "False", done.stdout + done.stderr

@@ -7,19 +7,21 @@
   algorithms.
 
 Adding a model: one new module with ``build(sample_shape, classes, *, hidden, model_mb)``
-and one entry in ``MODELS``. A user's own model needs no change here: a name
-``package.module:factory`` calls ``factory(sample_shape, classes) -> nn.Module``.
+and its name in ``MODELS``, the one list every command checks ``--model`` against. A user's
+own model needs no change here: a name ``package.module:factory`` calls
+``factory(sample_shape, classes) -> nn.Module``.
+
+Importing this package imports no torch (a configuration is checked before torch loads);
+building a model does.
 """
 
-import torch
-from torch import nn
+import importlib
 
 from .. import plugins
 from ..errors import UsageError
-from . import cnn, mlp, wide
 
-#: Model builders by name.
-MODELS = {"mlp": mlp.build, "cnn": cnn.build, "wide": wide.build}
+#: The models by name: each is the module of this package that holds its ``build``.
+MODELS = ("mlp", "cnn", "wide")
 
 
 def build_model(name, sample_shape, classes, *, hidden=128, model_mb=16.0, seed=0):
@@ -29,11 +31,14 @@ def build_model(name, sample_shape, classes, *, hidden=128, model_mb=16.0, seed=
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}, or "
                          f"package.module:factory")
+    import torch
+
+    build = importlib.import_module(f"{__name__}.{name}").build
     # Initialise from a private generator so that building a model leaves the caller's
     # random state alone.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return MODELS[name](tuple(sample_shape), classes, hidden=hidden, model_mb=model_mb)
+        return build(tuple(sample_shape), classes, hidden=hidden, model_mb=model_mb)
 
 
 def parameter_bytes(model):
@@ -42,6 +47,9 @@ def parameter_bytes(model):
 
 
 def _build_own(spec, sample_shape, classes, seed):
+    import torch
+    from torch import nn
+
     factory = plugins.load(spec, "--model")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

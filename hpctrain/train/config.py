@@ -21,6 +21,7 @@ from pathlib import Path
 from .. import plugins
 from ..collectives import ALGORITHMS, DEFAULT_ALLREDUCE, ENV_ALLREDUCE, auto
 from ..errors import UsageError
+from ..models import MODELS
 
 try:
     import tomllib
@@ -36,7 +37,6 @@ DEVICES = ("cpu", "cuda")
 LR_SCALING = ("none", "linear")
 LR_DECAY = ("none", "cosine")
 PROGRESS = ("auto", "always", "never")
-MODELS = ("mlp", "cnn", "wide")
 NONFINITE = ("error", "skip")
 
 
