@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 
+from hpctrain.cli import build_parser
 from hpctrain.collectives import cost
 from hpctrain.errors import UsageError
 from hpctrain.study import calibration, defaults, links, plan, plan_report, planner, step
@@ -189,15 +190,28 @@ def test_a_malformed_published_file_names_the_run_and_a_good_one(tmp_path, edit,
         calibration.load(write(tmp_path, edit(RUN), "runs.toml"))
 
 
-def test_the_shipped_runs_have_two_disjoint_sets_each_with_its_sources():
+def test_the_shipped_runs_have_three_disjoint_sets_each_with_its_sources():
     runs = calibration.load()
     sets = {name: [r for r in runs if r.set == name] for name in calibration.SETS}
-    assert len(sets["tuning"]) >= 6 and len(sets["held-out"]) >= 6
+    assert calibration.SETS == ("tuning", "held-out", "held-out-2")
+    assert all(len(sets[name]) >= 6 for name in calibration.SETS)
     assert all(r.source and r.rate.value > 0 and 0 < r.efficiency <= 100 for r in runs)
     assert set(calibration.HOROVOD_SIX) <= {r.id for r in sets["tuning"]}
-    # The held-out set is others' runs: none of Horovod's own tables.
+    # The held-out sets are others' runs: none of Horovod's own tables.
     assert not any("Horovod README" in r.source or "benchmarks.rst" in r.source
-                   for r in sets["held-out"])
+                   for r in sets["held-out"] + sets["held-out-2"])
+    # The second held-out set is fresh: no document (publisher and file) of the sets before it.
+    def document(run):
+        return tuple(part.split(" (")[0].strip() for part in run.source.split(",")[:2])
+    seen = {document(r) for r in sets["tuning"] + sets["held-out"]}
+    assert not seen & {document(r) for r in sets["held-out-2"]}
+
+
+def test_the_calibrate_command_takes_every_set_by_name():
+    parser = build_parser()
+    for name in (*calibration.SETS, "all"):
+        assert parser.parse_args(["study", "calibrate", "--set", name]).set == name
+    assert parser.parse_args(["study", "calibrate"]).set == "all"
 
 
 def test_scores_count_the_band_with_the_published_figures_precision():
