@@ -216,8 +216,8 @@ def add_parser(subparsers):
         epilog="examples:\n"
                "  python -m hpctrain study calibrate                 # every set\n"
                "  python -m hpctrain study calibrate --set held-out-2\n"
-               "  python -m hpctrain study calibrate --set tuning --tune   # the residual's "
-               "range")
+               "  python -m hpctrain study calibrate --tune          # the residuals' "
+               "ranges")
     calibrate.add_argument("--published", metavar="TOML",
                            help="published runs (default: hpctrain/study/data/published.toml)")
     calibrate.add_argument("--defaults", metavar="TOML",
@@ -226,8 +226,10 @@ def add_parser(subparsers):
                            choices=("tuning", "held-out", "held-out-2", "all"),
                            help="which runs (default: all)")
     calibrate.add_argument("--tune", action="store_true",
-                           help="instead: choose the residual's default range on the tuning "
-                                "set (the narrowest that puts the most runs inside their band)")
+                           help="instead: choose the residuals' default ranges, the narrowest "
+                                "that put the most runs inside their band: share on the tuning "
+                                "set, share_node (one NVLink node) on the tuning and held-out "
+                                "sets; held-out-2 never (with --set all: the sets tuned on)")
     calibrate.add_argument("--out", default=os.path.join("runs", "calibrate"),
                            help="folder for calibration.md and calibration.json")
     calibrate.set_defaults(func=_run_calibrate)
