@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 
+from hpctrain.cli import build_parser
 from hpctrain.collectives import cost
 from hpctrain.errors import UsageError
 from hpctrain.study import calibration, defaults, links, plan, plan_report, planner, step
@@ -51,6 +52,11 @@ low = 0.02
 high = 0.1
 source = "whole runs"
 basis = "whole runs"
+[share_node]
+low = 0
+high = 0.04
+source = "one node's runs"
+basis = "whole runs"
 '''
 
 
@@ -67,8 +73,13 @@ def test_every_default_is_a_range_with_its_middle_its_source_and_its_basis():
         assert fig.low <= fig.value <= fig.high and fig.value == pytest.approx(
             (fig.low + fig.high) / 2)
         assert fig.source.startswith("default, ") and shipped.basis[term] in defaults.BASES
-    # The residual's range is the one chosen on whole runs, and says so.
+    # The residuals' ranges are the ones chosen on whole runs, and say on which.
     assert shipped.basis["share"] == "whole runs" and shipped.figures["share"].low > 0
+    assert shipped.basis["share_node"] == "whole runs"
+    assert "study calibrate --tune" in shipped.figures["share_node"].source
+    assert "held-out" in shipped.figures["share_node"].source
+    # Inside one NVLink node less is unexplained than where reductions leave it.
+    assert shipped.figures["share_node"].value < shipped.figures["share"].value
     assert shipped.path == "hpctrain/study/data/defaults.toml"     # no machine path
 
 
@@ -78,6 +89,31 @@ def test_a_link_inside_a_node_other_than_nvlink_takes_the_network_slowdown(tmp_p
     assert mine.overheads(nvlink=False).slowdown_node.value == pytest.approx(1.03)
     inputs = Overheads(slowdown=exact(1.5), slowdown_node=exact(3.0))
     assert (inputs.slowdown_at(1), inputs.slowdown_at(2)) == (3.0, 1.5)
+    # And the residual of a step that leaves the node: PCIe crosses the host as a network does.
+    assert mine.overheads(nvlink=True).share_node == mine.figures["share_node"]
+    assert mine.overheads(nvlink=False).share_node.value == pytest.approx(0.06)
+
+
+def test_the_residual_inside_one_nvlink_node_is_its_own_share(tmp_path):
+    mine = defaults.load(write(tmp_path, GOOD))
+    layers = [Layer("a", 8 << 20, 1.0), Layer("b", 8 << 20, 1.0)]
+    cluster = planner.links_cluster(4, links.PRESETS["nvlink-v100"], links.PRESETS["ib-edr"])
+
+    def residuals(nvlink):
+        rows = planner.plan(layers, 64, 200.0, cluster, 16, ["ring"], ["ddp"],
+                            overheads=mine.overheads(nvlink))
+        return {row["np"]: row["residual_s"] / row["compute_s"] for row in rows}
+    # 1 rank: none; 2 and 4 inside one node: share_node's middle; 8 and 16 leave it: share's.
+    assert residuals(True) == pytest.approx({1: 0, 2: 0.02, 4: 0.02, 8: 0.06, 16: 0.06})
+    assert residuals(False) == pytest.approx({1: 0, 2: 0.06, 4: 0.06, 8: 0.06, 16: 0.06})
+    # A measured efficiency replaces both.
+    calibrated = replace(mine.overheads(True), measured=exact(0.9), measured_p=2).solved(1.0, 1.0)
+    assert calibrated.residual_s(1.0, 2, inside_node=True) == pytest.approx(1 / 0.9 - 1)
+    for gpus, intra, term in ((8, "nvlink-v100", "share_node"), (16, "nvlink-v100", "share"),
+                              (8, "pcie3", "share")):
+        text = RUN.replace("gpus = 16", f"gpus = {gpus}").replace('"nvlink-v100"', f'"{intra}"')
+        (run,) = calibration.load(write(tmp_path, text, "runs.toml"))
+        assert calibration.residual_term(run) == term, (gpus, intra)
 
 
 @pytest.mark.parametrize("edit, message", [
@@ -86,6 +122,10 @@ def test_a_link_inside_a_node_other_than_nvlink_takes_the_network_slowdown(tmp_p
      "[slowdown] low = 1.015"),
     (lambda t: t.replace('[share]\nlow = 0.02\nhigh = 0.1\nsource = "whole runs"\n'
                          'basis = "whole runs"\n', ""), "entry [share] is missing"),
+    (lambda t: t.replace("low = 0\nhigh = 0.04", "low = 0.04\nhigh = 0"),
+     "entry [share_node]: low 0.04 is above high 0 (a range given backwards)"),
+    (lambda t: t.replace('[share_node]\nlow = 0\nhigh = 0.04\nsource = "one node\'s runs"\n'
+                         'basis = "whole runs"\n', ""), "entry [share_node] is missing"),
     (lambda t: t.replace('source = "two SMs"\n', ""), "entry [slowdown]: no source"),
     (lambda t: t.replace('basis = "argument"', 'basis = "hunch"'),
      "entry [update_s]: basis 'hunch' is not one of"),
@@ -189,15 +229,28 @@ def test_a_malformed_published_file_names_the_run_and_a_good_one(tmp_path, edit,
         calibration.load(write(tmp_path, edit(RUN), "runs.toml"))
 
 
-def test_the_shipped_runs_have_two_disjoint_sets_each_with_its_sources():
+def test_the_shipped_runs_have_three_disjoint_sets_each_with_its_sources():
     runs = calibration.load()
     sets = {name: [r for r in runs if r.set == name] for name in calibration.SETS}
-    assert len(sets["tuning"]) >= 6 and len(sets["held-out"]) >= 6
+    assert calibration.SETS == ("tuning", "held-out", "held-out-2")
+    assert all(len(sets[name]) >= 6 for name in calibration.SETS)
     assert all(r.source and r.rate.value > 0 and 0 < r.efficiency <= 100 for r in runs)
     assert set(calibration.HOROVOD_SIX) <= {r.id for r in sets["tuning"]}
-    # The held-out set is others' runs: none of Horovod's own tables.
+    # The held-out sets are others' runs: none of Horovod's own tables.
     assert not any("Horovod README" in r.source or "benchmarks.rst" in r.source
-                   for r in sets["held-out"])
+                   for r in sets["held-out"] + sets["held-out-2"])
+    # The second held-out set is fresh: no document (publisher and file) of the sets before it.
+    def document(run):
+        return tuple(part.split(" (")[0].strip() for part in run.source.split(",")[:2])
+    seen = {document(r) for r in sets["tuning"] + sets["held-out"]}
+    assert not seen & {document(r) for r in sets["held-out-2"]}
+
+
+def test_the_calibrate_command_takes_every_set_by_name():
+    parser = build_parser()
+    for name in (*calibration.SETS, "all"):
+        assert parser.parse_args(["study", "calibrate", "--set", name]).set == name
+    assert parser.parse_args(["study", "calibrate"]).set == "all"
 
 
 def test_scores_count_the_band_with_the_published_figures_precision():
@@ -211,13 +264,24 @@ def test_scores_count_the_band_with_the_published_figures_precision():
     assert got["mean_signed"] == pytest.approx(3.75) and got["widest"] == pytest.approx(9.6)
 
 
-def test_tuning_refuses_the_held_out_set_and_chooses_the_narrowest_best_range():
+def test_tuning_refuses_the_second_held_out_set_and_chooses_the_narrowest_best_ranges():
     runs = calibration.load()
-    with pytest.raises(UsageError, match="tuning set only"):
+    with pytest.raises(UsageError, match="held-out-2 is never tuned against"):
         calibration.tune_share(runs, defaults.load())
     tuning = [r for r in runs if r.set == "tuning"][:2]
-    (low, high), (most, count) = calibration.tune_share(tuning, defaults.load())
+    ((low, high), (most, count)), = calibration.tune_share(tuning, defaults.load()).values()
     assert count == 2 and most == 2 and low <= high
+    # share_node on the one-NVLink-node runs of both sets it is chosen on; the first held-out
+    # set's runs that leave a node choose nothing.
+    held_out = [r for r in runs if r.set == "held-out"]
+    chosen = calibration.tune_share(held_out, defaults.load())
+    assert set(chosen) == {"share_node"}
+    (low, high), (most, count) = chosen["share_node"]
+    assert count == sum(calibration.residual_term(r) == "share_node" for r in held_out) == 4
+    assert 0 <= low <= high <= low + calibration.MAX_SPAN + 1e-9 and most >= 1
+    # The shipped defaults are what the command chooses.
+    shipped = defaults.load().figures
+    assert (shipped["share_node"].low, shipped["share_node"].high) == (low, high)
 
 
 def test_horovods_six_with_planning_inputs_only_lie_inside_their_bands():
@@ -269,8 +333,11 @@ def test_a_plan_from_planning_inputs_alone_lists_every_default_and_its_widest_in
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "0 (not given)" not in done.stdout
-    assert "- residual: 11.5 (5-18) % of compute at every p > 1 (default, chosen to hit " \
-           "published whole runs" in done.stdout
+    share_node = defaults.load().figures["share_node"]
+    assert "- residual: 11.5 (5-18) % of compute at every p > 1 whose reductions leave the " \
+           "node (default, chosen to hit published whole runs" in done.stdout
+    assert f"; {share_node.describe(' %', 100)} where every reduction stays inside a node " \
+           f"(default, chosen to hit published whole runs" in done.stdout
     assert "x 2.13 (1.76-2.5) where every reduction stays inside a node (default, from the " \
            "term's own measurements: A100 kernels" in done.stdout
     said = re.search(r"At p = 16 \(ring / ddp\) the efficiency lies between (\d+) and (\d+) %: "

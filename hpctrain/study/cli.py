@@ -205,7 +205,7 @@ def add_parser(subparsers):
 
     calibrate = kinds.add_parser(
         "calibrate", help="the plan, given only a planning user's inputs, against published "
-                          "whole runs: a tuning set and a held-out set",
+                          "whole runs: a tuning set and two held-out sets",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Plan every published run of --published from what a planning user knows "
                     "(model, one device's rate, batch, devices per node, links, gradient "
@@ -214,19 +214,22 @@ def add_parser(subparsers):
                     "figures inside their band and the mean signed and absolute error. See "
                     "docs/studies.md.",
         epilog="examples:\n"
-               "  python -m hpctrain study calibrate                 # both sets\n"
-               "  python -m hpctrain study calibrate --set held-out\n"
-               "  python -m hpctrain study calibrate --set tuning --tune   # the residual's "
-               "range")
+               "  python -m hpctrain study calibrate                 # every set\n"
+               "  python -m hpctrain study calibrate --set held-out-2\n"
+               "  python -m hpctrain study calibrate --tune          # the residuals' "
+               "ranges")
     calibrate.add_argument("--published", metavar="TOML",
                            help="published runs (default: hpctrain/study/data/published.toml)")
     calibrate.add_argument("--defaults", metavar="TOML",
                            help="default ranges (default: hpctrain/study/data/defaults.toml)")
-    calibrate.add_argument("--set", default="both", choices=("tuning", "held-out", "both"),
-                           help="which runs (default: both)")
+    calibrate.add_argument("--set", default="all",
+                           choices=("tuning", "held-out", "held-out-2", "all"),
+                           help="which runs (default: all)")
     calibrate.add_argument("--tune", action="store_true",
-                           help="instead: choose the residual's default range on the tuning "
-                                "set (the narrowest that puts the most runs inside their band)")
+                           help="instead: choose the residuals' default ranges, the narrowest "
+                                "that put the most runs inside their band: share on the tuning "
+                                "set, share_node (one NVLink node) on the tuning and held-out "
+                                "sets; held-out-2 never (with --set all: the sets tuned on)")
     calibrate.add_argument("--out", default=os.path.join("runs", "calibrate"),
                            help="folder for calibration.md and calibration.json")
     calibrate.set_defaults(func=_run_calibrate)

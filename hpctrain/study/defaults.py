@@ -22,17 +22,19 @@ from .overheads import Figure, Overheads
 PATH = os.path.join(os.path.dirname(__file__), "data", "defaults.toml")
 SHIPPED = "hpctrain/study/data/defaults.toml"
 #: Every entry the file must have, in the order the plan lists them.
-TERMS = ("spread", "slowdown", "slowdown_node", "update_s", "tensor_s", "rank_s", "share")
+TERMS = ("spread", "slowdown", "slowdown_node", "update_s", "tensor_s", "rank_s", "share",
+         "share_node")
 #: How a range was chosen.
 BASES = {"term": "from the term's own measurements",
          "argument": "from how the step works",
-         "whole runs": "chosen to hit published whole runs (the tuning set)"}
+         "whole runs": "chosen to hit published whole runs (the runs its source names)"}
 #: An entry as it should read, for the messages.
 EXAMPLE = ('[slowdown] low = 1.015, high = 1.036, source = "NVIDIA/nccl#689", '
            'basis = "term"')
 #: How each term reads: its unit and the factor to it.
 UNITS = {"spread": (" %", 100), "update_s": (" ms", 1e3), "tensor_s": (" µs", 1e6),
-         "rank_s": (" µs", 1e6), "share": (" % of compute", 100)}
+         "rank_s": (" µs", 1e6), "share": (" % of compute", 100),
+         "share_node": (" % of compute", 100)}
 #: The smallest value each entry may take (a slowdown is a factor of at least 1).
 MINIMUM = {"slowdown": 1.0, "slowdown_node": 1.0}
 
@@ -48,10 +50,13 @@ class Defaults:
 
     def overheads(self, nvlink=False):
         """:class:`Overheads` of the defaults alone; ``nvlink``: reductions inside a node run
-        over NVLink (else PCIe, whose rate a network adapter's slowdown already covers)."""
+        over NVLink (else PCIe: its reductions cross the host as those between nodes do, so
+        a network adapter's slowdown and the residual of a step leaving the node cover
+        them)."""
         figures = dict(self.figures)
         if not nvlink:
             figures["slowdown_node"] = replace(figures["slowdown"])
+            figures["share_node"] = replace(figures["share"])
         return Overheads(**figures)
 
     def describe(self, term):

@@ -21,8 +21,10 @@ p ranks pays besides computing and reducing, each with its stated uncertainty.
   from one that grows like the stragglers', so the pessimistic end grows it as E[max of p]
   does, the optimistic end keeps it, and the value is halfway (:meth:`Overheads.residual_s`).
   Without a measurement, ``share``: a share of compute that runs of this kind lose and no
-  term explains, the same at every p > 1 (a default from published whole runs,
-  :mod:`.defaults`).
+  term explains, the same at every p > 1 whose reductions leave the node (a default from
+  published whole runs, :mod:`.defaults`); ``share_node`` where every reduction stays inside
+  one node (over NVLink a reduction never crosses the host's PCIe, its CPU or a network
+  adapter, where what the residual stands for happens: :meth:`Overheads.share_at`).
 
 Every input is a :class:`Figure`: a value and its low and high.
 """
@@ -57,8 +59,14 @@ class Figure:
 
     def describe(self, unit="", scale=1.0):
         """``value (low-high) unit``."""
-        spread = f" ({self.low * scale:.3g}-{self.high * scale:.3g})" if self.uncertain else ""
-        return f"{self.value * scale:.3g}{spread}{unit}"
+        spread = f" ({_digits(self.low * scale)}-{_digits(self.high * scale)})" \
+            if self.uncertain else ""
+        return f"{_digits(self.value * scale)}{spread}{unit}"
+
+
+def _digits(x):
+    # Three significant digits, and whole numbers from 1000 up (not 1.27e+03).
+    return f"{x:.0f}" if abs(x) >= 1000 else f"{x:.3g}"
 
 
 def exact(value, source="given"):
@@ -104,6 +112,7 @@ class Overheads:
     rank_s: Figure = field(default_factory=lambda: exact(0.0, "not given"))
     measured: Figure = field(default_factory=lambda: exact(0.0, "not given"))
     share: Figure = field(default_factory=lambda: exact(0.0, "not given"))
+    share_node: Figure = field(default_factory=lambda: exact(0.0, "not given"))
     measured_p: int = 0
     residual: float = 0.0
     end: str = "point"
@@ -158,19 +167,26 @@ class Overheads:
             return self
         return replace(self, residual=max(0.0, 1.0 / self.measured.value - step_s / compute_s))
 
-    def residual_s(self, compute_s, p):
+    def residual_s(self, compute_s, p, inside_node=False):
         """The residual's seconds at ``p`` ranks for a step computing ``compute_s``: the
         share :meth:`solved` found, as it was at the measured scale (the optimistic end),
         grown as the slowest of p is (E[max of p] over E[max of the measured p], the
-        pessimistic end), or halfway (the value); 0 at one rank."""
+        pessimistic end), or halfway (the value); 0 at one rank. Without a measurement,
+        :meth:`share_at` of compute (``inside_node``: every reduction stays inside one
+        node)."""
         if p < 2:
             return 0.0
         if not self.calibrated:
-            return self.share.value * compute_s
+            return self.share_at(inside_node).value * compute_s
         grown = expected_max(p) / expected_max(self.measured_p)
         weight = {"low": max(1.0, grown), "high": min(1.0, grown)}.get(self.end,
                                                                        (1.0 + grown) / 2)
         return self.residual * compute_s * weight
+
+    def share_at(self, inside_node):
+        """The residual's share of compute without a measurement: :attr:`share_node` where
+        every reduction stays inside one node, else :attr:`share`."""
+        return self.share_node if inside_node else self.share
 
     def slowdown_at(self, nodes):
         """Backward's slowdown factor beside a reduction of a step over ``nodes`` nodes."""

@@ -25,6 +25,7 @@ INPUT_WORDS = {"rate": "one device's rate", "intra": "the link inside a node",
                "update_s": "the update after the last reduction",
                "tensor_s": "the negotiation per tensor", "rank_s": "the negotiation per rank",
                "share": "the residual no term explains",
+               "share_node": "the residual no term explains inside a node",
                "measured": "the measured efficiency's range"}
 #: What narrows each input.
 NARROWING = {"rate": "one device's rate measured on it (--samples-per-s VALUE, or "
@@ -42,6 +43,7 @@ NARROWING = {"rate": "one device's rate measured on it (--samples-per-s VALUE, o
              "tensor_s": "--negotiation-us measured with the engine you will run",
              "rank_s": "--negotiation-rank-us measured at two or more scales",
              "share": "a two-node run into --measured-efficiency",
+             "share_node": "a two-GPU run into --measured-efficiency",
              "measured": "a longer measured run (a tighter --measured-efficiency range)"}
 
 
@@ -118,9 +120,14 @@ def _overhead_lines(overheads):
 
 
 def _residual_text(o):
-    if not o.calibrated:
+    if not o.calibrated and o.share_node == o.share:
         return (f"{o.share.describe(' %', 100)} of compute at every p > 1 ({o.share.source}; "
                 f"--measured-efficiency replaces it)")
+    if not o.calibrated:
+        return (f"{o.share.describe(' %', 100)} of compute at every p > 1 whose reductions "
+                f"leave the node ({o.share.source}); {o.share_node.describe(' %', 100)} where "
+                f"every reduction stays inside a node ({o.share_node.source}); "
+                f"--measured-efficiency replaces both")
     return (f"efficiency {o.measured.describe(' %', 100)} measured at {o.measured_p} ranks "
             f"({o.measured.source}) leaves {100 * o.residual:.1f} % of compute that no term "
             f"above explains there; carried to every p > 1 halfway between staying and "
