@@ -6,7 +6,7 @@ added here. Two kinds:
 
 - the algorithms of the collectives' registries take consecutive tags from
   :data:`FIRST_ALGORITHM_TAG` on, in the order they register
-  (:func:`hpctrain.collectives.algorithm.register`), an order the package's imports fix alike
+  (:func:`hpctrain.collectives.registry.register`), an order the package's imports fix alike
   on every rank;
 - every other exchange has a fixed tag below. None is handed out in import order: a module
   imported on some ranks only, or later on one of them, would shift the numbers, and ranks

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from fake_comm import BUFFERED, Deadlock, run_ranks, waitall
 from hpctrain.collectives import ALGORITHMS, DTYPES, Algorithm, algorithm, butterfly
 from hpctrain.collectives import hierarchical, ring, tree
-from hpctrain.collectives.contexts import Plan
+from hpctrain.collectives.plans import Plan
 from hpctrain.collectives.reduce import host_reducer
 
 #: The algorithms that move the data themselves (a schedule of their own), by the registry.

@@ -11,9 +11,12 @@ from hypothesis import strategies as st
 
 from hpctrain.collectives import (ALGORITHMS, DTYPES, OPS, REGISTRIES, Algorithm, available,
                                   companion)
-from hpctrain.collectives import algorithm, blocks, buffers
+from hpctrain.collectives import algorithm, buffers
+from hpctrain.collectives.allgather_call import AllgatherAlgorithm
+from hpctrain.collectives.check import algorithm_code
 # By its path: the package's attribute ``reduce`` is the collective, not this module.
 from hpctrain.collectives.reduce import averager, host_reducer
+from hpctrain.collectives.registry import FIRST_TAG, INTERFACES, interface, register
 from hpctrain.errors import UsageError
 
 
@@ -136,7 +139,7 @@ def test_the_registry_gives_every_algorithm_tags_of_its_own():
     # Of every collective: the allgather ring's messages never match the allreduce ring's.
     taken = [t for registry in REGISTRIES.values() for a in registry.values()
              for t in range(a.tag, a.tag + a.tags)]
-    assert len(set(taken)) == len(taken) and min(taken) == algorithm.FIRST_TAG
+    assert len(set(taken)) == len(taken) and min(taken) == FIRST_TAG
     assert ALGORITHMS["ps"].tags == ALGORITHMS["ps-sharded"].tags == 2   # results: tag + 1
 
 
@@ -157,13 +160,13 @@ def test_a_second_registration_of_a_name_is_refused():
         name = "ring"
 
     with pytest.raises(ValueError, match="registered twice"):
-        algorithm.register(Again)
+        register(Again)
 
-    class Same(blocks.AllgatherAlgorithm):
+    class Same(AllgatherAlgorithm):
         name = "ring"
 
     with pytest.raises(ValueError, match="allgather algorithm 'ring' registered twice"):
-        algorithm.register(Same)
+        register(Same)
 
 
 def test_a_collective_is_declared_once_by_its_interface_before_its_algorithms():
@@ -173,21 +176,21 @@ def test_a_collective_is_declared_once_by_its_interface_before_its_algorithms():
 
     with pytest.raises(ValueError, match="'scan' is not a collective: declare its interface "
                                          "with @interface"):
-        algorithm.register(Stray)
+        register(Stray)
 
     class Again(Algorithm):
         collective = "reduce"
         default = "tree"
 
     with pytest.raises(ValueError, match="collective 'reduce' declared twice"):
-        algorithm.interface(Again)
+        interface(Again)
 
     class NoDefault(Algorithm):
         collective = "scan"
 
     with pytest.raises(ValueError, match="'scan' names no default algorithm"):
-        algorithm.interface(NoDefault)
-    assert "scan" not in REGISTRIES and "scan" not in algorithm.INTERFACES
+        interface(NoDefault)
+    assert "scan" not in REGISTRIES and "scan" not in INTERFACES
     import hpctrain.collectives as package
 
     assert package.COLLECTIVES == \
@@ -195,17 +198,20 @@ def test_a_collective_is_declared_once_by_its_interface_before_its_algorithms():
 
 
 def test_a_collective_is_named_only_by_its_interface_its_call_and_its_algorithms():
-    # docs/collectives.md's worked example: a new collective touches collectives/blocks.py
-    # (interface, bench plug-in, call), one module per algorithm and collectives/__init__.py.
-    # The registries and the benchmark read the interfaces: no name of a collective in them.
+    # docs/collectives.md's worked example: a new collective touches its own module,
+    # collectives/<collective>_call.py (interface, bench plug-in, call), one module per
+    # algorithm and collectives/__init__.py. The interface, the registries, the benchmark and
+    # the calls' shared checks read the interfaces: no name of a collective in them.
     from pathlib import Path
 
     import hpctrain
 
     root = Path(hpctrain.__file__).parent
-    generic = [root / "collectives" / "algorithm.py", *sorted((root / "bench").glob("*.py"))]
-    for collective, declared in algorithm.INTERFACES.items():
-        assert declared.__module__ == blocks.__name__, collective
+    generic = [root / "collectives" / f"{name}.py"
+               for name in ("algorithm", "registry", "bench_plugin", "arguments")]
+    generic += sorted((root / "bench").glob("*.py"))
+    for collective, declared in INTERFACES.items():
+        assert declared.__module__ == f"hpctrain.collectives.{collective}_call", collective
         assert declared.bench is not None and declared.default in REGISTRIES[collective]
         for path in generic:
             text = path.read_text()
@@ -239,8 +245,21 @@ def test_a_companion_of_an_unknown_collective_names_the_valid_ones():
         companion("gather", "ring")
 
 
+def test_every_module_of_the_package_is_at_most_350_lines():
+    # docs/collectives.md: one concept per module, none past 350 lines; a module that
+    # outgrows them is split by concept.
+    from pathlib import Path
+
+    import hpctrain.collectives as package
+
+    lengths = {path.name: len(path.read_text().splitlines())
+               for path in Path(package.__file__).parent.glob("*.py")}
+    assert len(lengths) > 30 and "registry.py" in lengths
+    assert {name: n for name, n in lengths.items() if n > 350} == {}
+
+
 def test_mismatch_check_codes_are_distinct():
-    codes = [algorithm.algorithm_code(name) for name in ALGORITHMS]
+    codes = [algorithm_code(name) for name in ALGORITHMS]
     assert len(set(codes)) == len(codes)
     assert len({d.code for d in DTYPES.values()}) == len(DTYPES)
 

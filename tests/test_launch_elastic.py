@@ -22,12 +22,12 @@ import pytest
 from conftest import REPO, note_launch, run_bounded
 from hpctrain import elastic as contract
 from hpctrain import launch as launching
-from hpctrain import mpi_support
 from hpctrain.errors import UsageError
 from hpctrain.launch import elastic as launcher
 from hpctrain.launch import hosts as hostlists
 from hpctrain.launch import launch_environment
 from hpctrain.launch.__main__ import main as launch_main
+from hpctrain.mpi import ulfm as mpi_ulfm
 from hpctrain.mpi.ulfm import FaultTolerance
 
 LAUNCHER = [sys.executable, "-m", "hpctrain.launch", "--elastic"]
@@ -470,7 +470,7 @@ def test_each_start_exports_the_job_settings_and_its_hosts():
 
 
 @pytest.mark.parametrize("version, probe, forced, ulfm", [
-    (5, None, None, False),                           # mpi_support cannot tell
+    (5, None, None, False),                           # hpctrain.mpi.ulfm cannot tell
     (5, FaultTolerance(True, "ulfm"), None, True),
     (5, FaultTolerance(False, "no ftmpi"), None, False),
     (5, lambda python: 1 / 0, None, False),           # a probe that fails: restarts
@@ -483,9 +483,9 @@ def test_ulfm_when_the_mpi_and_mpirun_have_it_or_when_forced(monkeypatch, versio
                                                              forced, ulfm):
     monkeypatch.setattr(launcher, "open_mpi_version", lambda mpirun: (version, "some MPI"))
     if probe is None:
-        monkeypatch.delattr(mpi_support, "fault_tolerance", raising=False)
+        monkeypatch.delattr(mpi_ulfm, "fault_tolerance", raising=False)
     else:
-        monkeypatch.setattr(mpi_support, "fault_tolerance",
+        monkeypatch.setattr(mpi_ulfm, "fault_tolerance",
                             probe if callable(probe) else lambda python: probe)
     assert launcher.use_ulfm(forced, [sys.executable], "mpirun")[0] is ulfm
 

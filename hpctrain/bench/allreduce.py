@@ -20,7 +20,7 @@ from functools import partial
 import numpy as np
 
 from .. import collectives, tags
-from ..collectives.algorithm import BenchCommand, BenchPlugin
+from ..collectives.bench_plugin import BenchCommand, BenchPlugin
 from ..devices import synchronize
 from ..errors import UsageError
 from ..mpi import cuda as mpi_cuda

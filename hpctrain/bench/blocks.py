@@ -1,17 +1,17 @@
 """The collectives ``hpctrain bench`` times, one plug-in each, as nccl-tests times them:
 allreduce, allgather, reducescatter, alltoall, broadcast, reduce.
 
-A plug-in (:class:`~hpctrain.collectives.algorithm.BenchPlugin`) is everything that differs
-from one collective's benchmark to the next: its command line, its buffers, its call, its
-correctness input and exact result, its busbw line, and what it does beyond the driver (its
-``extras``). Each collective but allreduce declares its own on its interface (``bench``,
-beside its call in :mod:`hpctrain.collectives.blocks`), and :data:`PLUGINS` reads them from
-``collectives.INTERFACES``: a new collective brings its benchmark with it, and nothing in
-``bench`` changes. Allreduce's interface is the base of all the others, so its plug-in is
-declared in :mod:`.allreduce` and listed first. The one driver (:mod:`.driver`) runs any of
-them: the same ``#`` header, timing loop (warm-up, algorithms taking turns in rotated
-rounds, :func:`.driver.time_calls`), columns, correctness pass, footer and JSON/HDF5
-outputs.
+A plug-in (:class:`~hpctrain.collectives.bench_plugin.BenchPlugin`) is everything that
+differs from one collective's benchmark to the next: its command line, its buffers, its
+call, its correctness input and exact result, its busbw line, and what it does beyond the
+driver (its ``extras``). Each collective but allreduce declares its own on its interface
+(``bench``, beside its call in its module, ``hpctrain.collectives.allgather_call``, ...),
+and :data:`PLUGINS` reads them from ``collectives.registry.INTERFACES``: a new collective
+brings its benchmark with it, and nothing in ``bench`` changes. Allreduce's interface is the
+base of all the others, so its plug-in is declared in :mod:`.allreduce` and listed first.
+The one driver (:mod:`.driver`) runs any of them: the same ``#`` header, timing loop
+(warm-up, algorithms taking turns in rotated rounds, :func:`.driver.time_calls`), columns,
+correctness pass, footer and JSON/HDF5 outputs.
 
 This module imports no torch: the command line (``cli``) is built from :data:`PLUGINS`
 before parsing, and the plug-ins make their data through the object the driver hands them
@@ -20,7 +20,7 @@ before parsing, and the plug-ins make their data through the object the driver h
 
 from collections.abc import Mapping
 
-from ..collectives.algorithm import INTERFACES
+from ..collectives.registry import INTERFACES
 from . import allreduce
 
 #: The collective whose plug-in is declared in :mod:`.allreduce`.

@@ -33,13 +33,16 @@ allgather: ``ring``, ``butterfly``, ``mpi``; reduce_scatter: ``ring``, ``butterf
 reduce: ``tree``, ``mpi`` (``REGISTRIES``; :func:`companion` names the one that goes with an
 allreduce algorithm).
 
-The package, one concept per module: ``dtypes`` (element types and ops), ``reduce.py``
-(reduction kernels; the package's name ``reduce`` is the collective), ``algorithm`` (the
-allreduce interface, the registries, ``@register`` and ``@interface``), ``check`` (the
-mismatch check), ``context`` (the per-communicator cache), ``buffers`` (flattening,
-staging, fusing), ``driver`` (``allreduce``, ``allreduce_fused``), ``blocks`` (each other
-collective's interface, bench plug-in and call: ``allgather``, ``reduce_scatter``,
-``alltoall``, ``broadcast``, ``reduce``), ``cost`` (the α-β-γ model), then one module per
+The package, one concept per module (docs/collectives.md has the table): ``dtypes``
+(element types and ops), ``reduce.py`` (reduction kernels; the package's name ``reduce`` is
+the collective), ``algorithm`` (the interface every algorithm implements), ``registry``
+(the registries, ``@register``, ``@interface``, ``companion``), ``bench_plugin`` (a
+collective's benchmark), ``check`` (the mismatch check), ``contexts`` (the per-communicator
+cache), ``plans`` (a call planned once), ``buffers`` (flattening, staging, fusing),
+``arguments`` (the calls' argument checks), ``driver`` (``allreduce``,
+``allreduce_fused``), one module per other collective with its interface, bench plug-in
+and call (``allgather_call.py``, ``reducescatter_call.py``, ``alltoall_call.py``,
+``broadcast_call.py``, ``reduce_call.py``), ``cost`` (the α-β-γ model), then one module per
 algorithm (``ring.py``, ..., ``allgather_ring.py``, ``alltoall_pairwise.py``,
 ``broadcast_tree.py``, ``reduce_tree.py``, ...). Every allreduce algorithm takes the same
 buffers (NumPy arrays, torch tensors on CPU or CUDA), dtypes (``DTYPES``) and ops (``OPS``)
@@ -57,15 +60,20 @@ from . import alltoall_pairwise, alltoall_mpi  # noqa: F401
 from . import broadcast_tree, broadcast_scatter_allgather, broadcast_mpi  # noqa: F401
 from . import reduce_tree, reduce_mpi  # noqa: F401
 from . import auto, cost  # noqa: F401
-from .algorithm import ALGORITHMS, DEFAULT_ALLREDUCE, ENV_ALLREDUCE, REGISTRIES, Algorithm
-# The collective ``reduce`` takes the package's attribute of that name from the kernels'
-# module (reduce.py): import the kernels by their module's path, ``from
-# hpctrain.collectives.reduce import host_reducer``, which still finds the module.
-from .blocks import allgather, alltoall, broadcast, companion, reduce, reduce_scatter
+from .algorithm import Algorithm
+from .allgather_call import allgather
+from .alltoall_call import alltoall
+from .broadcast_call import broadcast
 from .check import MismatchError
 from .contexts import context
 from .driver import allreduce, allreduce_fused
 from .dtypes import DTYPES, OPS
+# The collective ``reduce`` takes the package's attribute of that name from the kernels'
+# module (reduce.py): import the kernels by their module's path, ``from
+# hpctrain.collectives.reduce import host_reducer``, which still finds the module.
+from .reduce_call import reduce
+from .reducescatter_call import reduce_scatter
+from .registry import ALGORITHMS, DEFAULT_ALLREDUCE, ENV_ALLREDUCE, REGISTRIES, companion
 
 __all__ = ["ALGORITHMS", "COLLECTIVES", "DEFAULT_ALLREDUCE", "ENV_ALLREDUCE", "REGISTRIES",
            "auto", "cost", "DTYPES", "OPS", "Algorithm", "MismatchError", "allgather",

@@ -35,8 +35,8 @@ import numpy as np
 
 from .. import tags
 from ..errors import UsageError
-from .algorithm import algorithm_code
 from .buffers import flatten, stage
+from .check import algorithm_code
 from .contexts import context
 from .dtypes import DTYPES
 

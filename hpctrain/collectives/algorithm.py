@@ -1,16 +1,10 @@
-"""The interface every algorithm implements, and the registries that find them.
+"""The interface every algorithm implements, and what algorithms build with.
 
 An algorithm is one module holding one :class:`Algorithm` subclass decorated with
-:func:`register`. Its ``collective`` (default ``"allreduce"``) says which registry of
-``REGISTRIES`` it joins: ``ALGORITHMS`` is the allreduce one, and only it feeds the
-allreduce driver, ``available()``, the command-line choices, the cost fit and ``auto``.
-Every other collective (allgather, reduce-scatter, alltoall, broadcast, reduce) declares
-its own interface, a subclass of :class:`Algorithm` decorated with :func:`interface`
-(:mod:`.blocks`, beside its call), which opens its registry and carries its default
-algorithm and its ``hpctrain bench`` plug-in (:class:`BenchPlugin`): a new collective
-changes nothing here. An allreduce algorithm is discovered through ``ALGORITHMS`` by
-the driver, the mismatch check, the cost model (:meth:`Algorithm.cost`), ``auto``, the
-command-line choices and the tests (:meth:`Algorithm.examples`). A new algorithm defines
+:func:`~.registry.register`, which files it in its collective's registry (:mod:`.registry`).
+An allreduce algorithm is discovered through ``ALGORITHMS`` by the driver, the mismatch
+check, the cost model (:meth:`Algorithm.cost`), ``auto``, the command-line choices and the
+tests (:meth:`Algorithm.examples`). A new algorithm defines
 
 - :meth:`~Algorithm.schedule`: whom this rank exchanges which slice with, computed once
   per (count, options) and cached in a plan;
@@ -18,41 +12,22 @@ command-line choices and the tests (:meth:`Algorithm.examples`). A new algorithm
 - optionally :meth:`~Algorithm.setup` / :meth:`~Algorithm.release`: per-communicator state
   such as sub-communicators, made once per private communicator and freed with it;
 - optionally :meth:`~Algorithm.cost`: its time in the α-β-γ model (:mod:`.cost`).
+
+An algorithm of another collective subclasses that collective's interface (an ``Algorithm``
+declared with :func:`~.registry.interface` beside the collective's call) and defines its
+``run``. The pieces algorithms share are here too: chunks and block layouts, placing a
+rank's own block, waiting on requests, count options and the cost of a node-oblivious
+algorithm.
 """
 
-import itertools
 import os
-import zlib
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import NamedTuple
 
 import numpy as np
 
-from .. import tags
 from ..errors import UsageError
 from .dtypes import choices
-
-#: collective -> {name: algorithm}; each module registers its own with :func:`register`.
-#: The allreduce's is always here; every other collective's opens when its interface is
-#: declared (:func:`interface`), in the order of declaration.
-REGISTRIES = {"allreduce": {}}
-#: The allreduce algorithms by name.
-ALGORITHMS = REGISTRIES["allreduce"]
-#: collective -> its interface (:func:`interface`), for every collective but allreduce.
-INTERFACES = {}
-#: The allreduce algorithm where none is named, for ``hpctrain train`` and ``hpctrain.torch``
-#: alike: the bandwidth-optimal ring, the algorithm Horovod runs over MPI, and always here
-#: (Horovod itself is an optional extra).
-DEFAULT_ALLREDUCE = "ring"
-#: The environment variable that names it from the launch line, for both.
-ENV_ALLREDUCE = "HPCTRAIN_ALLREDUCE"
-#: The first tag handed out by :func:`register` (:mod:`hpctrain.tags`): user tags are never
-#: seen on our private communicators, this only keeps each algorithm's messages apart.
-FIRST_TAG = tags.FIRST_ALGORITHM_TAG
-#: The tags not yet given to an algorithm, in order.
-_FREE_TAGS = itertools.count(FIRST_TAG)
 
 
 def place(dst, src):
@@ -66,53 +41,6 @@ def place(dst, src):
         import torch
 
         torch.cuda.current_stream(dst.device).synchronize()
-
-
-def register(algorithm_class):
-    """Class decorator: add one instance of an :class:`Algorithm` to the registry of its
-    ``collective`` and give it ``tags`` message tags of its own (``algorithm.tag`` is the
-    first), distinct from every other algorithm's, whatever its collective.
-
-    Tags follow the order of registration, which the package's imports fix: the same on
-    every rank.
-    """
-    algorithm = algorithm_class()
-    registry = REGISTRIES.get(algorithm.collective)
-    if registry is None:
-        raise ValueError(f"{algorithm.collective!r} is not a collective: declare its "
-                         f"interface with @interface before registering its algorithms")
-    if algorithm.name in registry:
-        raise ValueError(f"{algorithm.collective} algorithm {algorithm.name!r} registered "
-                         f"twice")
-    taken = [next(_FREE_TAGS) for _ in range(algorithm.tags)]
-    algorithm.tag = taken[0]
-    registry[algorithm.name] = algorithm
-    return algorithm_class
-
-
-def interface(interface_class):
-    """Class decorator: declare ``interface_class``, a subclass of :class:`Algorithm` whose
-    ``collective`` names a new collective, the interface its algorithms subclass. It opens
-    the collective's registry in ``REGISTRIES`` and files the class in ``INTERFACES``, where
-    ``companion`` finds its ``default`` and ``companions`` and ``hpctrain bench`` its
-    ``bench`` plug-in.
-
-    Declare it before its algorithms register, in the module that holds its call: the
-    import of the first algorithm module then declares it.
-    """
-    collective = interface_class.collective
-    if collective in REGISTRIES:
-        raise ValueError(f"collective {collective!r} declared twice")
-    if not interface_class.default:
-        raise ValueError(f"the interface of {collective!r} names no default algorithm")
-    REGISTRIES[collective] = {}
-    INTERFACES[collective] = interface_class
-    return interface_class
-
-
-def algorithm_code(name):
-    """The number the mismatch check compares for an algorithm (the same on every rank)."""
-    return zlib.crc32(name.encode())
 
 
 def chunk_bounds(count, parts):
@@ -188,9 +116,10 @@ class Algorithm:
     chosen_by_model = False
     #: False for an algorithm ``auto`` never chooses, even where it was measured fastest.
     chosen_by_auto = True
-    #: Read on a collective's interface (:func:`interface`) only: the algorithm where none
-    #: is named, the algorithm that goes with an allreduce algorithm where the names differ
-    #: (``companion``), and the ``hpctrain bench`` plug-in (a :class:`BenchPlugin`).
+    #: Read on a collective's interface (:func:`~.registry.interface`) only: the algorithm
+    #: where none is named, the algorithm that goes with an allreduce algorithm where the
+    #: names differ (``companion``), and the ``hpctrain bench`` plug-in (a
+    #: :class:`~.bench_plugin.BenchPlugin`).
     default = ""
     companions = {}
     bench = None
@@ -306,78 +235,6 @@ class Reduction:
     op: str
     reduce: object
     scratch: object
-
-
-class BenchCommand(NamedTuple):
-    """The command line of one collective's benchmark, ``hpctrain bench <collective>``."""
-
-    moves: str                # what the collective moves, for the one-line help
-    size: str                 # what ``size`` is and how busbw is counted
-    buffers: str = "buffers"  # what each algorithm is timed on
-    op: bool = False          # takes -o
-    root: str = ""            # the help of -r/--root, where it takes one
-    smallest: str = "1K"      # -b's default
-    options: tuple = ()       # more options: ((flags, argparse keywords), ...)
-
-
-@dataclass(frozen=True)
-class BenchPlugin:
-    """What ``hpctrain bench`` needs of one collective, everything that differs from one
-    collective's benchmark to the next: an interface's ``bench``. The shared driver
-    (``hpctrain.bench.driver``) does the rest.
-
-    The functions take ``per`` (one block's elements; a collective whose vector is not cut
-    into blocks: the whole vector's), the ``rank`` and the number of ranks ``p``:
-
-    - ``sizes(per, p)``: the elements of ``(send, recv)``; ``recv`` ``None``: in place;
-    - ``call(algo, send, recv, counts, args, comm)``: a call of no arguments (``counts``:
-      ``per`` for each rank; ``args``: the parsed command line, ``args.op``, ``args.root``);
-    - ``inputs(per, rank, p, data)``: this rank's ``send`` for the correctness pass, made
-      with ``data`` (the driver's ``Exact``: ``data.blocks(per, seeds)``, integers in
-      [-3, 3], a different vector per seed; ``data.zeros(count)``);
-    - ``result(per, rank, p, args, data)``: what ``recv`` must then hold, exactly
-      (``data.reduced(count, op)``: every rank's ``data.blocks(count, [rank])`` reduced).
-
-    and optionally ``checked``, the correctness pass's call where it is not ``call``
-    (allreduce's, with the agreement check on), ``bus(p)``, busbw / algbw where
-    :meth:`bus_factor`'s rule does not fit (allreduce: 2(p-1)/p), and ``extras``, the class
-    of what the benchmark does beyond the driver (``hpctrain.bench.extras.Extras``).
-
-    Its functions make their data through ``data``, so that declaring one imports no torch:
-    the command line is built from the plug-ins before parsing.
-    """
-
-    command: BenchCommand
-    sizes: Callable
-    call: Callable
-    inputs: Callable
-    result: Callable
-    bus_line: str             # "# busbw = ..." with {factor}, {ranks} and {root} to fill
-    blocks: bool = True       # the vector is cut into p blocks (not broadcast, reduce)
-    checked: Callable = None
-    bus: Callable = None
-    extras: Callable = None
-
-    @property
-    def reduces(self):
-        """It takes an op (``-o``)."""
-        return self.command.op
-
-    @property
-    def rooted(self):
-        """It takes a root (``--root``)."""
-        return bool(self.command.root)
-
-    def parts(self, ranks):
-        """How many equal parts ``count`` is cut into (``per`` elements each)."""
-        return ranks if self.blocks else 1
-
-    def bus_factor(self, ranks):
-        """nccl-tests' busbw / algbw: (p-1)/p, the share of the vector each rank receives,
-        where the vector is cut into blocks; 1 where the whole vector crosses a link."""
-        if self.bus is not None:
-            return self.bus(ranks)
-        return (ranks - 1) / ranks if self.blocks else 1.0
 
 
 def block_layout(bounds):

@@ -18,9 +18,10 @@ ring's equal-sized steps win for large ones where ``p`` is not a power of two.
 
 import math
 
-from .algorithm import flat_cost, place, register
-from .blocks import AllgatherAlgorithm
+from .algorithm import flat_cost, place
+from .allgather_call import AllgatherAlgorithm
 from .butterfly import block_butterfly, hand_over, recursive_doubling_gather
+from .registry import register
 
 
 @register

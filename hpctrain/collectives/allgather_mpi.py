@@ -4,8 +4,9 @@ The library picks its algorithm by size and rank count (Open MPI 4.1: Bruck or r
 doubling for small messages, ring or neighbour exchange for large ones), in C.
 """
 
-from .algorithm import block_layout, register
-from .blocks import AllgatherAlgorithm
+from .algorithm import block_layout
+from .allgather_call import AllgatherAlgorithm
+from .registry import register
 
 
 @register

@@ -11,8 +11,9 @@ lacks, the lower bound, so the ring wins for large messages; its ``p - 1`` laten
 it lose to the butterfly's ``lg p`` for small ones.
 """
 
-from .algorithm import flat_cost, place, register
-from .blocks import AllgatherAlgorithm
+from .algorithm import flat_cost, place
+from .allgather_call import AllgatherAlgorithm
+from .registry import register
 from .ring import allgather, ring_of_blocks
 
 

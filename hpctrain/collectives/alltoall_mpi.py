@@ -3,8 +3,9 @@
 Open MPI 4.1's ``Alltoallv`` posts every receive and send at once (or goes pairwise), in C.
 """
 
-from .algorithm import block_layout, register
-from .blocks import AlltoallAlgorithm
+from .algorithm import block_layout
+from .alltoall_call import AlltoallAlgorithm
+from .registry import register
 
 
 @register

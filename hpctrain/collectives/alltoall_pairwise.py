@@ -9,8 +9,9 @@ lower bound on bytes; only a store-and-forward (Bruck) algorithm, ``lg p`` messa
 ``n/2`` bytes each, has fewer latencies, for tiny blocks.
 """
 
-from .algorithm import flat_cost, place, register
-from .blocks import AlltoallAlgorithm
+from .algorithm import flat_cost, place
+from .alltoall_call import AlltoallAlgorithm
+from .registry import register
 
 
 @register

@@ -32,7 +32,7 @@ import os
 from dataclasses import dataclass, field
 
 from . import cost
-from .algorithm import ALGORITHMS
+from .registry import ALGORITHMS
 from ..errors import UsageError, Verdict
 
 def never_chosen():

@@ -4,8 +4,8 @@ Open MPI 4.1 picks a binomial tree for small messages and a pipelined or split-b
 (or scatter + allgather) for large ones, by size and rank count, in C.
 """
 
-from .algorithm import register
-from .blocks import BroadcastAlgorithm
+from .broadcast_call import BroadcastAlgorithm
+from .registry import register
 
 
 @register

@@ -22,8 +22,9 @@ import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from .algorithm import chunk_bounds, flat_cost, register
-from .blocks import BroadcastAlgorithm
+from .algorithm import chunk_bounds, flat_cost
+from .broadcast_call import BroadcastAlgorithm
+from .registry import register
 from .ring import RingSchedule, ring_over
 from .tree import tree_schedule
 

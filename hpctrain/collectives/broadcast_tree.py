@@ -13,8 +13,9 @@ scatter + allgather (:mod:`.broadcast_scatter_allgather`) sends ``2n(p-1)/p`` in
 
 import math
 
-from .algorithm import flat_cost, register
-from .blocks import BroadcastAlgorithm
+from .algorithm import flat_cost
+from .broadcast_call import BroadcastAlgorithm
+from .registry import register
 from .tree import broadcast, tree_schedule
 
 

@@ -5,7 +5,8 @@
   through views in its real dtype; :func:`flatten_bytes`: a byte view of any dtype, for
   the collectives that only move data (allgather, alltoall);
 - :func:`pinned`, :func:`stage` and :func:`run_staged`: CUDA data moved through a reused
-  page-locked host buffer when MPI is not CUDA-aware;
+  page-locked host buffer when MPI is not CUDA-aware; :func:`execute`: a collective's data
+  phase where its data is (host, device, or staged);
 - :func:`fused_buffer`, :func:`copy_in`, :func:`copy_out`: many tensors packed into one
   reused flat buffer for :func:`~hpctrain.collectives.allreduce_fused`.
 """
@@ -137,6 +138,19 @@ def stage(ctx, dtype, inputs, outputs, run):
     for view, array in zip(views, arrays):
         if any(array is out for out in outputs):
             array.copy_(view)
+
+
+def execute(ctx, algorithm, dtype, device, inputs, outputs, bind):
+    """Run ``bind(on_device)(*inputs, *outputs)`` where the data is: on the host, on the
+    device (a CUDA-aware MPI and an algorithm that can), or through the pinned host buffer."""
+    if device is None:
+        bind(False)(*inputs, *outputs)
+    elif algorithm.device_capable(dtype, ctx.cuda_aware):
+        # MPI reads device memory directly: kernels that wrote it must be done.
+        sys.modules["torch"].cuda.current_stream(device).synchronize()
+        bind(True)(*inputs, *outputs)
+    else:
+        stage(ctx, dtype, inputs, outputs, bind(False))
 
 
 def fused_buffer(ctx, tensors):

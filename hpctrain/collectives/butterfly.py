@@ -22,9 +22,10 @@ from functools import lru_cache
 
 import numpy as np
 
-from .algorithm import Algorithm, chunk_bounds, flat_cost, register
+from .algorithm import Algorithm, chunk_bounds, flat_cost
 from .dtypes import mpi_datatype
 from .reduce import add_few
+from .registry import register
 from ..errors import UsageError
 
 SWITCH_BYTES = 64 * 1024

@@ -5,48 +5,25 @@ stored on it as an MPI attribute, so that it is freed with it. It holds
 
 - a private duplicate (``Dup()``) of the communicator, on which every message of ours
   moves, so that none can match a message of the user's, whatever tags either side uses;
-- the :class:`Plan` of each (algo, op, dtype, count, options): the validated options, the
-  schedule, the reduction, a receive workspace (reused, only grown) and the bound data
-  phase. The hot path builds nothing of the message's size;
+- the :class:`~.plans.Plan` of each (algo, op, dtype, count, options), built by
+  :mod:`.plans`, and the receive workspaces its plans use (reused, only grown);
 - each algorithm's per-communicator set-up (its sub-communicators), made once, in the data
   phase of its first call, and released with the context;
 - the mismatch check (:meth:`Context.verify`).
 """
 
-import sys
-from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
 
 from ..errors import UsageError
-from .algorithm import ALGORITHMS, Algorithm
-from .check import CHECK_FIELDS, MismatchError, call_vector, invalid_vector, mismatch_message
-from .dtypes import DType, OPS, choices
-from .reduce import averager, device_reducer, host_reducer
+from .check import CHECK_FIELDS, MismatchError, invalid_vector, mismatch_message
+from .plans import NO_CALL, build
+from .registry import ALGORITHMS
 
 #: The MPI module, imported (and MPI initialised) when the first communicator is used, so
 #: that importing this package, listing algorithms or checking arguments needs no MPI.
 MPI = None
-
-
-@dataclass
-class Plan:
-    """Everything a call with one (algo, op, dtype, count, options) needs, built once."""
-
-    algorithm: Algorithm
-    dtype: DType
-    op: str
-    count: int
-    params: tuple
-    schedule: object
-    reduce: object
-    scratch: object
-    finish: object            # the average's division, or None
-    check: np.ndarray         # this call's mismatch-check vector
-    staged: bool = False      # CUDA data reduced through a pinned host buffer
-    run: object = None        # run(flat): the whole data phase (see Context._bind)
-    setup: object = None      # the algorithm's per-communicator state (Algorithm.setup)
 
 
 class Context:
@@ -100,7 +77,7 @@ class Context:
     def setup(self, algorithm, params):
         """The per-communicator state of ``algorithm`` with ``params``, made on first use.
 
-        Synchronisation point on first use (:meth:`Algorithm.setup` is collective).
+        Synchronisation point on first use (:meth:`.Algorithm.setup` is collective).
         """
         key = (algorithm.name, algorithm.setup_key(params))
         if key not in self.setups:
@@ -111,58 +88,11 @@ class Context:
         """The cached plan for ``key``, built (and all arguments validated) on first use."""
         plan = self.plans.get(key)
         if plan is None:
-            plan = self._build(key, algo, op, dtype, count, options, device)
+            plan = build(self, key, algo, op, dtype, count, options, device)
             if len(self.plans) > 512:
                 self.forget_plans()
             self.plans[key] = plan
         return plan
-
-    def _build(self, key, algo, op, dtype, count, options, device):
-        """Validate a call and plan it. No message is sent here, so that a rank whose
-        arguments are wrong can still take part in the mismatch check."""
-        algorithm = ALGORITHMS.get(algo)
-        if algorithm is None:
-            raise UsageError(f"unknown allreduce algorithm {algo!r}; valid choices: "
-                             f"{choices(ALGORITHMS)}")
-        if op not in OPS:
-            raise UsageError(f"unknown allreduce op {op!r}; valid choices: {choices(OPS)}")
-        params = algorithm.parameters(self.size, options)
-        staged = device is not None and not algorithm.device_capable(dtype, self.cuda_aware)
-        on_device = device is not None and not staged
-        finish = None
-        if op == "avg" and not algorithm.averages(dtype):
-            finish = averager(dtype, self.size, on_device)
-        reduce_op = "sum" if op == "avg" else op
-        reduce = device_reducer(dtype, reduce_op, device) if on_device \
-            else host_reducer(dtype, reduce_op, count)
-        plan = Plan(algorithm, dtype, op, count, params, None, reduce, None, finish,
-                    call_vector(algo, op, dtype, count, params), staged)
-        if count == 0 or self.size == 1:
-            plan.run = _nothing
-        elif algorithm.has_setup:
-            # The set-up is collective: it waits for the data phase, after the mismatch
-            # check has shown that every rank is making this same call.
-            plan.run = partial(self._first_run, key, plan, device, on_device)
-        else:
-            self._complete(plan, device, on_device)
-        return plan
-
-    def _first_run(self, key, plan, device, on_device, flat):
-        self._complete(plan, device, on_device)
-        # A workspace grown just now dropped every cached plan, this one too, though it
-        # holds the new workspace: keep it, or the next call would plan again.
-        self.plans[key] = plan
-        plan.run(flat)
-
-    def _complete(self, plan, device, on_device):
-        """Give ``plan`` its set-up, schedule, workspace and bound data phase."""
-        algorithm, dtype = plan.algorithm, plan.dtype
-        if algorithm.has_setup:
-            plan.setup = self.setup(algorithm, plan.params)
-        plan.schedule = schedule = algorithm.schedule(self.size, self.rank, plan.count,
-                                                      dtype.itemsize, plan.params, plan.setup)
-        plan.scratch = self.scratch(dtype, schedule.scratch, device if on_device else None)
-        plan.run = self._bind(plan, on_device)
 
     def scratch(self, dtype, count, device=None):
         """The reused receive workspace of ``dtype``'s transport elements, at least ``count``
@@ -172,23 +102,6 @@ class Context:
                                   partial(_device_empty, dtype=dtype, device=device))
         return self.workspace(("host", dtype.transport), count,
                               partial(np.empty, dtype=dtype.transport))
-
-    def _bind(self, plan, on_device):
-        """``run(flat)``: the data phase of ``plan``, with everything it needs bound."""
-        if plan.staged:
-            from .buffers import run_staged
-
-            return partial(run_staged, self, plan)
-        run = plan.algorithm.bind(self.comm, plan)
-        if on_device:
-            torch = sys.modules["torch"]
-
-            def run_on_device(flat, run=run):
-                # MPI reads device memory directly: kernels that wrote it must be done.
-                torch.cuda.current_stream(flat.device).synchronize()
-                run(flat)
-            return run_on_device
-        return run
 
     def bind_buffer(self, plan, flat):
         """``go()``: the data phase of ``plan`` on ``flat``, with ``flat`` bound."""
@@ -243,32 +156,8 @@ class Context:
         self.comm = None
 
 
-class LastCall:
-    """The call a context made last on a host buffer, kept so that the same call again
-    (a timed loop, a small message every step) skips every lookup."""
-
-    __slots__ = ("buf", "algo", "op", "plan", "go", "dtype", "ptr", "data_ptr",
-                 "is_contiguous", "numel")
-
-    def __init__(self, buf=None, algo=None, op=None, plan=None, go=None, tensor=False):
-        self.buf, self.algo, self.op, self.plan, self.go = buf, algo, op, plan, go
-        self.dtype = None if buf is None else buf.dtype
-        # A tensor's memory is checked by address, and its bound methods are kept: looking
-        # them up costs more than calling them. An array is kept alive (and so cannot be
-        # resized in place) by the reference above.
-        self.ptr = buf.data_ptr() if tensor else None
-        self.data_ptr = buf.data_ptr if tensor else None
-        self.is_contiguous = buf.is_contiguous if tensor else None
-        self.numel = buf.numel if tensor else None
-
-
-#: ``Context.last_call`` when no call is at hand; ``Context.last_view`` likewise.
-NO_CALL = LastCall()
+#: ``Context.last_view`` when no tensor's view is at hand.
 NO_VIEW = (None,)
-
-
-def _nothing(flat):
-    pass
 
 
 def _device_empty(count, dtype, device):

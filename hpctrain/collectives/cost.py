@@ -55,7 +55,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import nnls
 
-from .algorithm import ALGORITHMS, REGISTRIES
+from .registry import ALGORITHMS, REGISTRIES
 
 #: The butterfly's default switch to Rabenseifner, for studies that do not set it.
 DEFAULT_SWITCH_BYTES = 64 << 10

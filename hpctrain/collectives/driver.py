@@ -1,6 +1,6 @@
 """The driver: :func:`allreduce` and :func:`allreduce_fused`, the same for every algorithm.
 
-A call finds the communicator's :class:`~.context.Context`, turns the buffer into a flat
+A call finds the communicator's :class:`~.contexts.Context`, turns the buffer into a flat
 transport array (:mod:`.buffers`), finds or builds the plan of this (algo, op, dtype,
 count, options), runs the mismatch check when asked and then the plan's data phase. The
 per-call cost matters for small messages (a message takes a few microseconds), so the
@@ -13,7 +13,8 @@ import numpy as np
 from . import auto, contexts
 from .buffers import SEEN, copy_in, copy_out, flatten, fused_buffer, segments
 from .check import empty_vector, with_layout
-from .contexts import LastCall, context
+from .contexts import context
+from .plans import LastCall
 from ..errors import UsageError
 
 #: Tensors whose NumPy views are kept for the next call: at most this many, this small.

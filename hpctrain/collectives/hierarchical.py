@@ -37,7 +37,8 @@ collective: one ``Split`` per shard) and freed with it.
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .algorithm import Algorithm, chunk_bounds, count_option, flat_cost, register
+from .algorithm import Algorithm, chunk_bounds, count_option, flat_cost
+from .registry import register
 from .ring import (SEGMENT_BYTES, allgather, owned_chunk, reduce_scatter, ring_over,
                    ring_schedule, segment_bytes)
 from ..devices import split_by_node

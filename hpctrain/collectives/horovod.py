@@ -17,7 +17,8 @@ back once, so it is slightly more accurate than the other algorithms' bfloat16.
 
 import numpy as np
 
-from .algorithm import Algorithm, register
+from .algorithm import Algorithm
+from .registry import register
 from ..errors import UsageError
 from ..gpu_checks import check_horovod_cuda
 

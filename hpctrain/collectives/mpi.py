@@ -9,8 +9,9 @@ by a user-defined operation that calls back into Python (torch), once per segmen
 but slower than the library's built-in operations.
 """
 
-from .algorithm import ALGORITHMS, Algorithm, register
+from .algorithm import Algorithm
 from .reduce import host_reducer
+from .registry import ALGORITHMS, register
 
 _OPS = {}   # (dtype name, op) -> (MPI.IN_PLACE, MPI.Op): looked up once per call
 

@@ -16,8 +16,8 @@
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .algorithm import (Algorithm, RootedAlgorithm, chunk_bounds, flat_cost, register,
-                        waitall)
+from .algorithm import Algorithm, RootedAlgorithm, chunk_bounds, flat_cost, waitall
+from .registry import register
 from ..errors import UsageError
 
 

@@ -5,10 +5,10 @@ C. float16 and bfloat16 travel as 16-bit integers reduced by a Python callback
 (:func:`.mpi.mpi_op`), as for allreduce.
 """
 
-from .algorithm import register
-from .blocks import ReduceAlgorithm
 from .dtypes import mpi_datatype
 from .mpi import mpi_op
+from .reduce_call import ReduceAlgorithm
+from .registry import register
 
 
 @register

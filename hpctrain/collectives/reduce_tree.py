@@ -19,8 +19,9 @@ about ``n(p-1)/p`` each (not written yet).
 
 import math
 
-from .algorithm import flat_cost, place, register
-from .blocks import ReduceAlgorithm
+from .algorithm import flat_cost, place
+from .reduce_call import ReduceAlgorithm
+from .registry import register
 from .tree import reduce, tree_schedule
 
 

@@ -19,9 +19,10 @@ latencies).
 
 import math
 
-from .algorithm import flat_cost, register
-from .blocks import ReduceScatterAlgorithm
+from .algorithm import flat_cost
 from .butterfly import block_butterfly, hand_over, recursive_halving
+from .reducescatter_call import ReduceScatterAlgorithm
+from .registry import register
 
 
 @register

@@ -4,10 +4,11 @@ Open MPI 4.1 picks recursive halving or a ring by size, in C. float16 and bfloat
 as 16-bit integers reduced by a Python callback (:func:`.mpi.mpi_op`), as for allreduce.
 """
 
-from .algorithm import block_layout, register
-from .blocks import ReduceScatterAlgorithm
+from .algorithm import block_layout
 from .dtypes import mpi_datatype
 from .mpi import mpi_op
+from .reducescatter_call import ReduceScatterAlgorithm
+from .registry import register
 
 
 @register

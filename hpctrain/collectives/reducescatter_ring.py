@@ -11,8 +11,9 @@ Every rank sends and reduces ``n(p-1)/p`` bytes, the lower bound: the ring wins 
 messages and loses to the butterfly's ``lg p`` latencies for small ones.
 """
 
-from .algorithm import flat_cost, register
-from .blocks import ReduceScatterAlgorithm
+from .algorithm import flat_cost
+from .reducescatter_call import ReduceScatterAlgorithm
+from .registry import register
 from .ring import reduce_scatter, ring_of_blocks
 
 

@@ -34,7 +34,8 @@ allreduce's ring between nodes too), so that a launch line can choose for a whol
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .algorithm import Algorithm, chunk_bounds, count_option, flat_cost, register, waitall
+from .algorithm import Algorithm, chunk_bounds, count_option, flat_cost, waitall
+from .registry import register
 from ..devices import ranks_on_node
 
 #: Segment of a message cut for the network: under Open MPI's TCP eager limit (64 KiB

@@ -19,7 +19,8 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .algorithm import RootedAlgorithm, register
+from .algorithm import RootedAlgorithm
+from .registry import register
 
 
 @dataclass(frozen=True)

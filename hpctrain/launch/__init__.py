@@ -97,7 +97,7 @@ RUNTIME_VARIABLE_PREFIXES = ("PMIX_", "ORTE_", "OMPI_COMM_WORLD_", "OMPI_APP_CTX
 def launch_environment(environ=None):
     """``environ`` (default ``os.environ``) without the variables of a running MPI runtime,
     nor ``HPCTRAIN_PROGRESS_TTY``, nor a wait policy hpctrain chose."""
-    from ..mpi_support import WAIT_POLICY, YIELD_WHEN_IDLE
+    from ..mpi.waiting import WAIT_POLICY, YIELD_WHEN_IDLE
 
     environ = os.environ if environ is None else environ
     # PROGRESS_TTY describes the output of the launch that set it; a launch started from one

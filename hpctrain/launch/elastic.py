@@ -32,7 +32,7 @@ slots; -np beside hosts caps the first start (as Horovod's does). The state fold
 (--state-dir, else a new ``runs/elastic/DATE-TIME-PID``) holds the commit the ranks resume
 from; a folder that holds one from an earlier run is resumed.
 
-With a fault-tolerant MPI (ULFM: ``hpctrain.mpi_support.fault_tolerance()`` says so for the
+With a fault-tolerant MPI (ULFM: ``hpctrain.mpi.ulfm.fault_tolerance()`` says so for the
 ranks' Python, and mpirun is Open MPI 5; or --ft) mpirun gets ``--with-ft ulfm --mca
 async_mpi_finalize 1``: the survivors of a failure shrink the job in place and the launcher
 starts it again only to grow it, or when that failed too. --no-ft: restarts.
@@ -58,9 +58,9 @@ from pathlib import Path
 import psutil
 
 from .. import elastic as contract
-from .. import mpi_support
 from ..data.atomic import writable_folder
 from ..errors import UsageError
+from ..mpi import ulfm as mpi_ulfm
 from ..runtime import RANK_VARIABLES
 from . import end_with_launcher, find_mpirun, kill_launch, launch_environment, mpirun_command
 from . import split_options
@@ -226,7 +226,7 @@ def state_folder(given):
 
 def use_ulfm(forced, command, mpirun):
     """``(ulfm, why)``: whether mpirun gets ``--with-ft ulfm``. ``forced`` (--ft, --no-ft)
-    decides, else :func:`hpctrain.mpi_support.fault_tolerance` of the ranks' Python; either
+    decides, else :func:`hpctrain.mpi.ulfm.fault_tolerance` of the ranks' Python; either
     way only an Open MPI >= 5 ``mpirun`` takes the flag (``UsageError`` for --ft with
     another)."""
     if forced is False:
@@ -239,9 +239,9 @@ def use_ulfm(forced, command, mpirun):
         return False, why
     if forced:
         return True, "--ft"
-    probe = getattr(mpi_support, "fault_tolerance", None)
+    probe = getattr(mpi_ulfm, "fault_tolerance", None)
     if probe is None:
-        return False, "hpctrain.mpi_support cannot tell (no fault_tolerance())"
+        return False, "hpctrain.mpi.ulfm cannot tell (no fault_tolerance())"
     try:
         verdict = probe(ranks_python(command))
     except Exception as exc:  # noqa: BLE001 - a failed probe means restarts, and says why

@@ -171,7 +171,7 @@ def steps(algo, rank, ranks, nbytes, switch_bytes):
 def switch_bytes():
     """The butterfly's switch from recursive doubling to Rabenseifner, as the cost model
     takes it by default."""
-    from ..collectives.algorithm import ALGORITHMS
+    from ..collectives.registry import ALGORITHMS
 
     return ALGORITHMS["butterfly"].options["switch_bytes"]
 

@@ -27,7 +27,7 @@ import threading
 from .engine import Engine
 from .process_sets import global_process_set
 from .settings import Settings
-from ..collectives.algorithm import DEFAULT_ALLREDUCE, ENV_ALLREDUCE
+from ..collectives.registry import DEFAULT_ALLREDUCE, ENV_ALLREDUCE
 from ..devices import node_rank_and_size
 from ..errors import ArgumentError
 from ..log import set_rank as set_log_rank

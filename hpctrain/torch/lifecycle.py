@@ -13,11 +13,12 @@ from .ops.control import register_process_sets, start_timeline
 from .process_sets import ProcessSet
 from .settings import ignored_message
 from .settings import read as read_settings
-from .. import elastic, faults, mpi_support, startup
+from .. import elastic, faults, startup
 from ..collectives import auto
 from ..errors import ArgumentError
 from ..log import check as check_logging
 from ..log import logger
+from ..mpi.init import start as start_mpi
 from ..runtime import guard, launcher_rank, launcher_size
 
 LOG = logger()
@@ -28,7 +29,7 @@ def init(comm=None, process_sets=None, allreduce=None):
     or a list of ``COMM_WORLD`` ranks (a rank outside the list gets ``ValueError``).
 
     Synchronisation point: collective over ``comm``. MPI is started here if the script set
-    ``mpi4py.rc.initialize = False`` (:func:`hpctrain.mpi_support.start`). ``process_sets``:
+    ``mpi4py.rc.initialize = False`` (:func:`hpctrain.mpi.init.start`). ``process_sets``:
     :class:`ProcessSet` objects to register now (of ranks, or of the communicator each rank
     is in), or ``"dynamic"`` (sets may be added later either way). As in Horovod, a list
     that names one set twice raises ``ValueError`` on that rank with hpctrain initialized all
@@ -77,7 +78,7 @@ def init(comm=None, process_sets=None, allreduce=None):
 def _start_world(comm, algo, settings):
     """MPI started (if it was not), the world over ``comm`` made and adopted: ``(world,
     what MPI's threading lacks or None)``. Collective over ``comm``."""
-    MPI, thread_warning = mpi_support.start()
+    MPI, thread_warning = start_mpi()
     comm = _communicator(MPI, comm)
     if algo == "auto":
         if not auto.in_use():

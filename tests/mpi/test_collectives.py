@@ -7,7 +7,7 @@ algorithm must agree with the reference bit for bit. Every final assertion is co
 next collective.
 
 At np = 1 every algorithm is the identity: a one-rank plan has an empty data phase
-(``contexts.py``), so the reference checks there only confirm that the buffer comes back with
+(``plans.py``), so the reference checks there only confirm that the buffer comes back with
 its own values. What np = 1 does test for real is said by
 ``test_the_result_is_written_into_the_callers_buffer`` (same object, memory, dtype, shape
 and bits) and by the argument checks, fused buffers and sub-communicators, which run at every

@@ -3,7 +3,7 @@
 
 A toy ``gather`` (every rank's block to a root) is written here as a new collective would be
 written in the package: one module holding its interface (``@interface``: registry, default
-algorithm, bench plug-in) and its call, as ``collectives/blocks.py`` holds reduce's, and one
+algorithm, bench plug-in) and its call, as ``collectives/reduce_call.py`` holds reduce's, and one
 module per algorithm (``linear``, ``mpi``), as ``reduce_tree.py`` and ``reduce_mpi.py``.
 Importing the algorithm modules stands for the import line in ``collectives/__init__.py``.
 Nothing else is edited, yet the registry, ``available``, ``companion``, ``hpctrain bench
@@ -25,7 +25,7 @@ from hpctrain.bench import driver
 from hpctrain.bench.blocks import PLUGINS
 from hpctrain.cli import build_parser
 from hpctrain.collectives import REGISTRIES, available, companion
-from hpctrain.collectives.algorithm import INTERFACES
+from hpctrain.collectives.registry import INTERFACES
 
 pytestmark = pytest.mark.mpi
 
@@ -40,12 +40,14 @@ TOY = {
 
         from functools import partial
 
-        from hpctrain.collectives.algorithm import (Algorithm, BenchCommand, BenchPlugin,
-                                                    interface)
-        from hpctrain.collectives.blocks import (block_bounds, byte_views, execute,
-                                                 expect_length, lookup, rank_of)
+        from hpctrain.collectives.algorithm import Algorithm
+        from hpctrain.collectives.arguments import (block_bounds, byte_views, expect_length,
+                                                    rank_of)
+        from hpctrain.collectives.bench_plugin import BenchCommand, BenchPlugin
+        from hpctrain.collectives.buffers import execute
         from hpctrain.collectives.contexts import context, shape
         from hpctrain.collectives.dtypes import BYTES
+        from hpctrain.collectives.registry import interface, lookup
 
 
         @interface
@@ -91,7 +93,8 @@ TOY = {
     "toy_gather_linear.py": '''
         """Linear gather: the root receives each block in turn."""
 
-        from hpctrain.collectives.algorithm import place, register
+        from hpctrain.collectives.algorithm import place
+        from hpctrain.collectives.registry import register
         from toy_gather import GatherAlgorithm
 
 
@@ -113,7 +116,8 @@ TOY = {
     "toy_gather_mpi.py": '''
         """The MPI library's gather."""
 
-        from hpctrain.collectives.algorithm import block_layout, register
+        from hpctrain.collectives.algorithm import block_layout
+        from hpctrain.collectives.registry import register
         from toy_gather import GatherAlgorithm
 
 

@@ -61,12 +61,12 @@ def world_from_mpi(given):
 
     Synchronisation point: one allgather over ``COMM_WORLD`` (:func:`hpctrain.runtime.checks`).
     """
-    from ... import mpi_support
     from ...errors import Verdict
+    from ...mpi.init import start as start_mpi
     from ...runtime import checks, end_job, guard
 
     guarded = guard()
-    MPI, _ = mpi_support.start()  # noqa: N806 - mpi4py's module name
+    MPI, _ = start_mpi()  # noqa: N806 - mpi4py's module name
     comm = MPI.COMM_WORLD
     mpi = {"rank": comm.Get_rank(), "world_size": comm.Get_size()}
     try:
