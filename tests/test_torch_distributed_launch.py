@@ -1,7 +1,6 @@
 """The ``hpctrain`` backend as a script meets it: the two lines under mpirun and alone, and
 bad input (``WORLD_SIZE`` that disagrees with MPI, a ``new_group`` one rank skips, gloo
-without an address) ending every rank with one clear message, never a hang; HSDP on a (2, 2)
-mesh at np 4 (tests/mpi/test_torch_distributed_hsdp.py) ending in time; a collective
+without an address) ending every rank with one clear message, never a hang; a collective
 past the group's timeout failing on every rank; and, on the fault-tolerant stack, a rank's
 death failing every survivor's pending work.
 
@@ -78,17 +77,6 @@ def test_new_group_that_one_rank_skips(mpirun):
     assert "rank 1: dist.new_group([0, 1]) (every rank of the default group calls new_group" \
         in run.output, run.output
     assert run.elapsed < WITHIN, run.output
-
-
-@pytest.mark.alone
-def test_hsdp_on_a_2x2_mesh_under_mpirun(mpirun):
-    """tests/mpi/test_torch_distributed_hsdp.py at np 4 (the default algorithm), bounded: HSDP's
-    sub-group collectives once hung there (issue 44); a hang is killed and fails here."""
-    run = mpirun(4, [sys.executable, "-m", "pytest", "--with-mpi", "-q", "-p",
-                     "no:cacheprovider", "tests/mpi/test_torch_distributed_hsdp.py", "-k",
-                     "ring"], timeout=HANG)
-    assert run.returncode == 0, run.output
-    assert run.output.count("1 passed") == 4, run.output
 
 
 @pytest.mark.alone
