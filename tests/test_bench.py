@@ -132,10 +132,11 @@ def test_every_collective_plugin_has_its_command_line_and_fits_its_buffers():
 
 
 def test_parsing_a_bench_command_line_imports_no_torch():
-    # The plug-ins give cli its commands: reading them must stay light (no torch, no MPI).
+    # The plug-ins give cli its commands: reading them must stay light (no torch, no MPI,
+    # no SciPy: 0.3 s more in every rank of every launch, for the cost model's fits alone).
     code = ("import sys; from hpctrain import cli; "
             "cli.parse_args(['bench', 'reduce', '-o', 'max', '--root', '1']); "
-            "print(sorted(m for m in ('torch', 'mpi4py.MPI') if m in sys.modules))")
+            "print(sorted(m for m in ('torch', 'mpi4py.MPI', 'scipy') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, check=True)
     assert done.stdout.strip() == "[]", done.stdout + done.stderr

@@ -53,7 +53,6 @@ it is not modelled. Nothing here imports MPI.
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import nnls
 
 from .registry import ALGORITHMS, REGISTRIES
 
@@ -168,7 +167,11 @@ def nonnegative_fit(columns, target):
     non-negative least-squares fit of the package (the cost model's, the ping-pong's α, β).
 
     Per message and per byte, the columns differ by about 1e8: solved on columns of unit norm
-    (the scale changes neither the optimum nor the signs), then scaled back."""
+    (the scale changes neither the optimum nor the signs), then scaled back. SciPy is
+    imported here, not with the module: every rank of every launch imports this module, and
+    SciPy's start-up (0.3 s) is for the fits alone."""
+    from scipy.optimize import nnls
+
     scale = np.linalg.norm(columns, axis=0)
     scale[scale == 0] = 1.0
     return nnls(columns / scale, target)[0] / scale

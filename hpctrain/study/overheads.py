@@ -33,7 +33,6 @@ import math
 from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
-from scipy import special
 
 from ..errors import UsageError
 
@@ -203,6 +202,8 @@ def expected_max(p):
     """E[max of ``p`` independent standard normals]: 0 at p = 1, 1/√π at 2, ~3.04 at 512.
 
     ``∫ x · p φ(x) Φ(x)^(p-1) dx``, on a grid fine enough for four digits."""
+    from scipy import special   # here: SciPy's start-up is for the studies alone
+
     if p <= 1:
         return 0.0
     x = np.linspace(-8.0, 10.0, 20001)
