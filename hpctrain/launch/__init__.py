@@ -30,6 +30,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 #: Set to ``1`` in every rank's environment when the launcher writes to a terminal.
@@ -160,19 +161,36 @@ def kill_launch(proc):
     # mpirun forwards SIGTERM to its ranks and has its daemons on other hosts end theirs.
     # Then SIGKILL for what is left: the process group, and every other process of the
     # session, for Open MPI gives each local rank a process group of its own, and those of a
-    # SIGKILLed mpirun live on.
-    for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+    # SIGKILLed mpirun live on. Once the launcher has exited after the SIGTERM, what is left
+    # of its session (a rank that ignored the signal, holding the output open) has no one to
+    # end it: it is killed then, not at the end of the grace.
+    for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
             pass
         if sig == signal.SIGKILL:
             _kill_session(proc.pid)
-        try:
-            return "".join(part or "" for part in proc.communicate(timeout=grace))
-        except subprocess.TimeoutExpired:
-            continue
+        output = _communicate(proc, KILL_GRACE, until_exit=sig == signal.SIGTERM)
+        if output is not None:
+            return "".join(part or "" for part in output)
     return ""
+
+
+KILL_GRACE = 10     # s: for a launcher to end its ranks after SIGTERM; for SIGKILL to work
+
+
+def _communicate(proc, seconds, *, until_exit):
+    """``proc.communicate()`` within ``seconds``, or None; with ``until_exit``, None also as
+    soon as ``proc`` has exited while something else still holds its output open."""
+    deadline = time.monotonic() + seconds
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return proc.communicate(timeout=max(0.0, min(left, 0.1) if until_exit else left))
+        except subprocess.TimeoutExpired:   # communicate again: nothing read is lost
+            if left <= 0 or (until_exit and proc.poll() is not None):
+                return None
 
 
 def _kill_session(session):
