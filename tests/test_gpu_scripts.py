@@ -312,6 +312,7 @@ def test_the_bundle_holds_the_sources_setup_builds(bundle):
 
 
 @pytest.mark.alone
+@pytest.mark.beside_setup
 @pytest.mark.slow
 @pytest.mark.timeout(2400)   # a first run makes the bundle and compiles mpi4py: minutes
 def test_setup_offline_installs_from_the_bundle_with_no_index(bundle, tmp_path):
@@ -334,6 +335,7 @@ def test_setup_offline_installs_from_the_bundle_with_no_index(bundle, tmp_path):
 
 
 @pytest.mark.alone
+@pytest.mark.beside_setup
 @pytest.mark.timeout(1500)
 def test_setup_with_system_packages_keeps_the_outer_torch_and_mpi4py(bundle, tmp_path):
     # The interpreter given is itself a virtual environment's (as the torch of vendor
