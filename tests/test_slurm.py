@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -63,27 +64,54 @@ def slurm_env():
 
 
 def submit(env, script, tmp_path, *options, extra_env=None, args=(), via=()):
-    """``sbatch --wait`` the script (with ``args`` after it) from the project root; return
-    (exit code, job output). ``via``: a command prefix that runs Slurm's commands where they
-    reach slurmctld (``scripts/slurm-local exec --vcluster``)."""
+    """Submit the script (with ``args`` after it) from the project root and wait for the job
+    to end; return (exit code, job output). ``via``: a command prefix that runs Slurm's
+    commands where they reach slurmctld (``scripts/slurm-local exec --vcluster``).
+
+    Not ``sbatch --wait``: it looks at the job 2 s after submitting, then every 2 s, which
+    costs each of these short jobs a second or two; :func:`job_end` looks every
+    ``POLL_S``."""
     note_launch()  # scripts/flake-gate repeats the tests that submit jobs
     out = tmp_path / "job.out"
-    argv = [*via, "sbatch", "--wait", "--parsable", f"--output={out}", *options, str(script),
-            *args]
-    proc = subprocess.Popen(argv, cwd=REPO, env={**env, **(extra_env or {})}, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        stdout, _ = proc.communicate(timeout=JOB_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        # sbatch --wait only waits: the job's processes belong to slurmd, and scancel ends them.
-        proc.kill()
-        stdout = proc.communicate(timeout=30)[0]
-        job = stdout.strip().split(";")[0]
-        if job.isdigit():
-            subprocess.run([*via, "scancel", job], env=env, timeout=30)
-        pytest.fail(f"`{' '.join(argv)}` did not finish within {JOB_TIMEOUT} s (job {job} "
-                    f"cancelled). Output:\n{out.read_text() if out.exists() else stdout}")
-    return proc.returncode, out.read_text() if out.exists() else stdout
+    env = {**env, **(extra_env or {})}
+    argv = [*via, "sbatch", "--parsable", f"--output={out}", *options, str(script), *args]
+    submitted = subprocess.run(argv, cwd=REPO, env=env, text=True, capture_output=True,
+                               timeout=SCRIPT_TIMEOUT)
+    if submitted.returncode != 0:       # refused before any job existed
+        return submitted.returncode, submitted.stdout + submitted.stderr
+    job = submitted.stdout.strip().split(";")[0]
+    code = job_end(env, job, via)
+    if code is None:
+        # Only waits: the job's processes belong to slurmd, and scancel ends them.
+        subprocess.run([*via, "scancel", job], env=env, timeout=SCRIPT_TIMEOUT)
+        pytest.fail(f"`{' '.join(argv)}`: job {job} did not end within {JOB_TIMEOUT} s "
+                    f"(cancelled). Output:\n{out.read_text() if out.exists() else ''}")
+    return code, out.read_text() if out.exists() else ""
+
+
+POLL_S = 0.25
+#: The states of a job that has ended (squeue(1)'s JOB STATE CODES).
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+         "PREEMPTED", "BOOT_FAIL", "DEADLINE")
+
+
+def job_end(env, job, via=()):
+    """The exit code of job ``job`` once it has ended (its signal's 128 + N if it was killed,
+    1 if it ended otherwise than completed with 0), or None after ``JOB_TIMEOUT``. Its record
+    stays MinJobAge (5 s, scripts/slurm-local) after its end: far longer than a poll."""
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while time.monotonic() < deadline:
+        shown = subprocess.run([*via, "scontrol", "-o", "show", "job", job], env=env,
+                               text=True, capture_output=True, timeout=SCRIPT_TIMEOUT)
+        state = re.search(r"\bJobState=(\S+)", shown.stdout)
+        if shown.returncode != 0 or state is None:
+            pytest.fail(f"scontrol show job {job} does not know the job (its record went "
+                        f"before it was seen to end?): {shown.stdout}{shown.stderr}")
+        if state[1] in ENDED:
+            status, signal = map(int, re.search(r"\bExitCode=(\d+):(\d+)", shown.stdout).groups())
+            return status or (128 + signal if signal else int(state[1] != "COMPLETED"))
+        time.sleep(POLL_S)
+    return None
 
 
 def test_info_job_runs_every_task_through_srun_pmix(slurm_env, tmp_path):

@@ -7,7 +7,7 @@ apt-get to install them, network namespaces): where any is missing, every test h
 with a reason that names it. The module fixture uses a namespace prefix and state directories
 of its own, so it never touches another cluster, and takes everything down afterwards, failed
 or not. Jobs are submitted from h1, where slurmctld is reached
-(``scripts/slurm-local exec --vcluster sbatch --wait ...``), each bounded by a timeout. The
+(``scripts/slurm-local exec --vcluster sbatch ...``), each waited for with a time limit. The
 nodes share this machine's 2 cores: 2 tasks per node fit the CPUs each node declares. About
 85 s in all (2 cores).
 """
@@ -81,7 +81,7 @@ def running(pid):
 
 
 def run_job(env, tmp_path, script, *options, args=(), extra_env=None):
-    """``sbatch --wait`` on the two nodes -> (exit code, output, seconds)."""
+    """The job submitted on the two nodes and waited for -> (exit code, output, seconds)."""
     start = time.monotonic()
     code, output = submit(env, script, tmp_path, *options, args=args, extra_env=extra_env,
                           via=VIA)
