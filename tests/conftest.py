@@ -29,13 +29,6 @@ from hpctrain.train import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Once a rank has exited non-zero, Open MPI's mpirun waits odls_base_sigkill_timeout (1 s)
-# between the signals it sends the job's ranks, even when none is left: 1 to 2 s at the end of
-# every failing launch, and the serial suite starts about a hundred. The tests' launches
-# (which inherit this environment) wait 0 s. What they check is the same: our ranks install no
-# SIGTERM handler, so SIGTERM ends them as SIGKILL does. A value set outside wins.
-os.environ.setdefault("OMPI_MCA_odls_base_sigkill_timeout", "0")
-
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
