@@ -117,10 +117,19 @@ def test_link_presets_become_cost_parameters():
     (lambda: planner.strong_counts(1000, 64), "give a multiple of --batch 64"),
     (lambda: planner.model_layers("resnet18"), "unknown model 'resnet18': give one of resnet50"),
     (lambda: planner.model_layers("torch.nn:Linear"), "give --input C,H,W"),
+    (lambda: planner.cycle_ms(-1.0), "--cycle-ms -1: give Horovod's cycle time in ms, 0 or "
+                                     "more, e.g. --cycle-ms 1"),
 ])
 def test_bad_input_names_what_is_wrong_and_what_would_be_right(call, message):
     with pytest.raises(UsageError, match=message.replace("(", r"\(")):
         call()
+
+
+def test_a_cycle_of_0_ms_is_a_value_not_the_default():
+    # Negotiations back to back: not replaced by the default, as an `or` fallback would.
+    assert planner.cycle_ms(0.0) == 0.0 and planner.cycle_ms(0.0, default=5.0) == 0.0
+    assert planner.cycle_ms(None) == planner.CYCLE_MS == 1.0
+    assert planner.cycle_ms(None, default=5.0) == 5.0
 
 
 def _plan(tmp_path, *args):

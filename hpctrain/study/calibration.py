@@ -325,7 +325,7 @@ def run_horovod(args):
     inputs only and with the 16-GPU measurement; horovod.md and horovod.json in --out."""
     defaults = defaults_mod.load(args.defaults)
     planning = horovod_planning(defaults)
-    cycle_ms = args.cycle_ms or horovod_published.HOROVOD_2017_CYCLE_MS
+    cycle_ms = planner.cycle_ms(args.cycle_ms, horovod_published.HOROVOD_2017_CYCLE_MS)
     rows, cluster = horovod_published.horovod_benchmark(args.fusion_mb, cycle_ms)
     text = "\n".join([
         "# Horovod's published scaling against the plan", "",

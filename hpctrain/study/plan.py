@@ -32,7 +32,7 @@ from . import defaults as defaults_mod
 from . import links
 from .overheads import Figure, Overheads, exact, figure
 from .plan_report import summary, write_hdf5, write_plots
-from .planner import (FLIP, best, label, links_cluster, model_builder, model_layers, plan,
+from .planner import (FLIP, best, cycle_ms, label, links_cluster, model_builder, model_layers, plan,
                       rank_counts, solved, strong, strong_counts, uncertain_inputs, widest,
                       banded)
 from .step import POLICIES, Cluster
@@ -163,6 +163,7 @@ def read_options(args):
     defaults = defaults_mod.load(args.defaults)
     nvlink = not args.params and links.of_options(args)[0].name.startswith("nvlink")
     overheads_of(args, counts)             # bad figures are refused before any measuring
+    cycle_ms(args.cycle_ms)
     algos = _names(args.algos, cost.modelled(), "--algos")
     policies = _names(args.policies, POLICIES, "--policies")
     if args.global_batch is not None:
@@ -177,7 +178,7 @@ def predicted(args, given, rate, overheads, measured):
     layers, cluster_at, algos, policies = given.layers, given.cluster_at, given.algos, \
         given.policies
     options = ([float(x) for x in args.bucket_mb.split(",")], args.fusion_mb,
-               args.cycle_ms or 1.0, measured)
+               cycle_ms(args.cycle_ms), measured)
     first = (algos[0], policies[0])
 
     def weak(end, inputs):

@@ -22,6 +22,8 @@ from .step import Cluster, gradients, measured_gradients, predict
 
 
 MAX_RANKS = 4096
+#: Horovod's cycle time today (``HOROVOD_CYCLE_TIME``'s default), ms: ``--cycle-ms``'s default.
+CYCLE_MS = 1.0
 
 
 def rank_counts(largest, ranks_per_node):
@@ -94,7 +96,7 @@ def _row(grads, forward_s, backward_s, p, batch, cluster, choice, fusion_mb, cyc
 
 
 def plan(layers, batch, samples_per_s, cluster, largest, algos, policies, bucket_mbs=(25.0,),
-         fusion_mb=64.0, cycle_ms=1.0, compute=None, overheads=None):
+         fusion_mb=64.0, cycle_ms=CYCLE_MS, compute=None, overheads=None):
     """Every point of the plan under weak scaling (``batch`` per rank at every p), with
     samples/s and efficiency (against one rank); the compute as :func:`computed` has it."""
     forward_s, backward_s, grads = computed(layers, batch, samples_per_s, compute)
@@ -119,7 +121,7 @@ def strong_counts(global_batch, batch):
 
 
 def strong(layers, global_batch, batch, samples_per_s, cluster, algos, policies,
-           bucket_mbs=(25.0,), fusion_mb=64.0, cycle_ms=1.0, compute=None, overheads=None):
+           bucket_mbs=(25.0,), fusion_mb=64.0, cycle_ms=CYCLE_MS, compute=None, overheads=None):
     """Strong scaling: ``global_batch`` split over p ranks (:func:`strong_counts`), each
     computing global_batch / p samples; efficiency against one device computing them all
     at the same rate per sample."""
@@ -136,6 +138,17 @@ def strong(layers, global_batch, batch, samples_per_s, cluster, algos, policies,
 #: Which end of an input gives an efficiency's end: a cost's high figure (or a device's
 #: high rate, hiding less) the low efficiency.
 FLIP = {"low": "high", "high": "low", "point": "point"}
+
+
+def cycle_ms(given, default=CYCLE_MS):
+    """``--cycle-ms``: ``given`` (0 included: negotiations back to back), or ``default``
+    where it was not given. ``UsageError`` below 0."""
+    if given is None:
+        return default
+    if not given >= 0:
+        raise UsageError(f"--cycle-ms {given:g}: give Horovod's cycle time in ms, 0 or more, "
+                         f"e.g. --cycle-ms {default:g}")
+    return given
 
 
 def banded(predict_at):
