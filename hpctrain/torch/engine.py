@@ -4,10 +4,12 @@ Horovod lets ranks issue their collectives in any order: an operation runs once 
 of its process set has asked for the same name. The engine does the same with one thread
 per rank and one *negotiation* per cycle over the world's private communicator:
 
-1. the thread takes every request queued on this rank since the last cycle;
-2. ``Iallgather`` of how many bytes of requests each rank has (polled with short sleeps,
-   so that a thread waiting for a slow rank does not spin a core), then, only if any rank
-   has some, ``Allgatherv`` of the pickled requests themselves;
+1. the thread takes every request queued on this rank since the last negotiation, which
+   starts as soon as it has one (:meth:`Engine._take` says when else);
+2. ``Iallgather`` of what each rank has to say: how many bytes of requests, and the pickled
+   requests themselves where they fit in :data:`INLINE` bytes (polled with short sleeps,
+   so that a thread waiting for a slow rank does not spin a core), then, only if some
+   rank's did not fit, ``Allgatherv`` of those;
 3. every rank adds the same requests to the same table, in the same order (rank order,
    then submission order), so every rank finds the same operations ready, in the same
    order, and runs them one after another: no two ranks can wait in different collectives;
@@ -19,10 +21,11 @@ Operations asked for every step under the same name (a ``DistributedOptimizer``'
 are *cached*, as Horovod's response cache: once such an operation has run with the same
 signature from every rank of its set, every rank gives it the same number, and a later
 request of that name and signature is announced by one bit of a word appended to the
-``Iallgather`` of step 2 instead of by the ``Allgatherv``. A cycle in which every request is
-cached is then one small collective instead of two, with nothing pickled (docs/training.md
-measures what that saves, and where it does not). The cache is filled and read only on the
-communication thread, from what every rank gathered alike, so every rank numbers alike.
+``Iallgather`` of step 2 instead of being sent whole. A cycle in which every request is
+cached is then one small collective, with nothing pickled, whatever the requests' size
+(docs/training.md measures what that saves, and where it does not). The cache is filled
+and read only on the communication thread, from what every rank gathered alike, so every
+rank numbers alike.
 
 An operation can also fail before every member has asked for it: by its own ``timeout`` (a
 ``torch.distributed`` group's) or by the deadlock verdict (:class:`StallInspector`), decided
@@ -88,6 +91,9 @@ LOG = logger()
 POLL_S = 0.0001
 #: Tests of a negotiation before the thread starts sleeping between them.
 SPINS = 200
+#: Bytes of pickled requests per rank that travel in a negotiation's first gather (an
+#: allreduce's is about 300); larger ones follow in an ``Allgatherv``.
+INLINE = 1024
 #: The queue of requests from the callers' threads to the communication thread. Not
 #: ``queue.SimpleQueue``: in CPython 3.11 its ``get(timeout=t)`` can wait for ever when the
 #: thread is preempted for longer than ``t`` at the wrong moment (its recomputed timeout goes
@@ -696,24 +702,29 @@ class Engine:
     def _take(self):
         """This rank's requests for the next negotiation: ``(messages, numbers)``.
 
-        While operations wait in the table (or a rank has joined), negotiations keep
-        Horovod's rhythm: one per cycle (``Settings.cycle_s``: ``HPCTRAIN_CYCLE_TIME_MS`` or
-        ``HOROVOD_CYCLE_TIME``, 1 ms by default, as Horovod's), gathering whatever is queued
-        meanwhile into one exchange.
-        When nothing is in flight, this rank's first request starts a negotiation at once,
-        so a lone synchronous call does not wait for a cycle; an idle thread still takes
-        part in one negotiation per cycle, since another rank may have asked for something.
+        A negotiation starts as soon as this rank has something to say: a request (or a
+        join, a shutdown) queued since the last one starts the next at once, whatever waits
+        in the table, and everything queued meanwhile goes with it. With nothing to say:
+
+        - while the table holds only operations that wait for *other* ranks, at once too:
+          only a negotiation can move them, and this rank is then already in it when the
+          last of those ranks asks (instead of up to a cycle later);
+        - otherwise (nothing in flight, or this rank owes an operation, or a rank has
+          joined) once a cycle has passed (``Settings.cycle_s``: ``HPCTRAIN_CYCLE_TIME_MS``
+          or ``HOROVOD_CYCLE_TIME``, 1 ms by default, as Horovod's), since another rank may
+          have asked for something, and timeouts and verdicts are decided in negotiations.
+
+        Never do all ranks start at once with nothing to say: every operation left in the
+        table after a negotiation waits for some member that has neither asked nor joined
+        (the others ran or failed), and that rank keeps the cycle.
         """
         items = []
         try:
-            if self._table or self.joins:
-                while True:
-                    remaining = self._started + self.settings.cycle_s - time.monotonic()
-                    if remaining <= 0:
-                        break
-                    items.append(self.pending.take(remaining))
-            else:
-                items.append(self.pending.take(self.settings.cycle_s))
+            if not self._table or self._owes():
+                cycle = self.settings.cycle_s
+                if self._table or self.joins:
+                    cycle += self._started - time.monotonic()
+                items.append(self.pending.take(cycle if cycle > 0 else None))
             while True:
                 items.append(self.pending.take(None))
         except queue.Empty:
@@ -742,53 +753,87 @@ class Engine:
                                     item.describe, item.repeats, item.timeout))
         return mine, bits
 
+    def _owes(self):
+        """True when an operation in the table waits for this rank (a member that has
+        neither asked for it nor joined)."""
+        return any(self.rank in self._missing(key, entry) for key, entry in self._table.items())
+
     def _exchange(self, mine, bits):
         """Every rank's messages of this cycle, in rank order (``None`` if stopped): each
-        rank's numbered operations (:class:`CachedAsked`), then what it sent whole."""
-        from mpi4py import MPI
+        rank's numbered operations (:class:`CachedAsked`), then what it sent whole.
 
+        Over one rank there is no one to tell: nothing is sent or pickled."""
+        if self.size == 1:
+            self.stalls.note([self._waiters.count > 0], time.monotonic())
+            return [[CachedAsked(n) for n in sorted(bits)] + list(mine)]
         payload = pickle.dumps(mine, protocol=pickle.HIGHEST_PROTOCOL) if mine else b""
         # Per rank: the bytes of its requests, whether a thread of it waits for one, its
         # clock (rank 0's is the one every rank uses to time a deadlock alike), then a bit
-        # per cached operation it asks for now. Every rank has the same cache, so the same
-        # number of words.
+        # per cached operation it asks for now (every rank has the same cache, so the same
+        # number of words), then its pickled requests where they fit in INLINE bytes: a
+        # cycle whose requests all fit is one meeting of the ranks, not two.
         # An idle cycle (every millisecond) packs and unpacks no bits: 3 us instead of 13.
         words = self.cache.words()
-        send = np.zeros(3 + words, dtype="<u8")
+        send = np.zeros(3 + words + INLINE // 8, dtype="<u8")
         send[:3] = (len(payload), self._waiters.count > 0, time.monotonic_ns() // 1000)
         if bits:
             flags = np.zeros(64 * words, dtype=bool)
             flags[bits] = True
-            send[3:] = np.packbits(flags, bitorder="little").view("<u8")
-        both = np.zeros((self.size, 3 + words), dtype="<u8")
-        request = self.comm.Iallgather(send, both)
-        # A few tests first (the others are often there already), then short sleeps, so
-        # that a thread waiting for a slow rank leaves the core to the computation.
-        spins = SPINS
+            send[3:3 + words] = np.packbits(flags, bitorder="little").view("<u8")
+        if len(payload) <= INLINE:
+            send[3 + words:].view(np.uint8)[:len(payload)] = np.frombuffer(payload, np.uint8)
+        both = np.zeros((self.size, len(send)), dtype="<u8")
+        if not self._wait(self.comm.Iallgather(send, both), bool(mine or bits)):
+            return None
+        counts = both[:, 0].astype(np.int64).tolist()
+        self.stalls.note(both[:, 1].astype(bool).tolist(), int(both[0, 2]) / 1e6)
+        gathered = [[] for _ in range(self.size)]
+        if both[:, 3:3 + words].any():
+            asked = np.unpackbits(both[:, 3:3 + words].view(np.uint8), axis=1,
+                                  bitorder="little")
+            gathered = [[CachedAsked(int(n)) for n in np.flatnonzero(row)] for row in asked]
+        spilled = self._spilled(payload, counts)
+        for rank, count in enumerate(counts):
+            if count > INLINE:
+                gathered[rank].extend(pickle.loads(spilled[rank]))
+            elif count:
+                inline = both[rank, 3 + words:].view(np.uint8)
+                gathered[rank].extend(pickle.loads(inline[:count].tobytes()))
+        return gathered
+
+    def _wait(self, request, news):
+        """Poll ``request`` (a negotiation's gather) until done; False if stopped meanwhile.
+
+        With news (``news``: this rank asks for something), a few tests first (the others
+        are often there already), then short sleeps, so that a thread waiting for a slow rank
+        leaves the core to the computation. With nothing to say (an idle cycle, or waiting
+        for ranks that owe an operation), nobody waits for this negotiation to end: sleeps
+        at once, so that idle threads do not spin on a machine with fewer cores than busy
+        threads while a peer waits for one."""
+        spins = SPINS if news else 0
         while not request.Test():
             if spins:
                 spins -= 1
                 continue
             if self._stop.is_set():
-                return None
+                return False
             time.sleep(POLL_S)
-        counts = both[:, 0].astype(np.int64)
-        self.stalls.note(both[:, 1].astype(bool).tolist(), int(both[0, 2]) / 1e6)
-        gathered = [[] for _ in range(self.size)]
-        if both[:, 3:].any():
-            asked = np.unpackbits(both[:, 3:].view(np.uint8), axis=1, bitorder="little")
-            gathered = [[CachedAsked(int(n)) for n in np.flatnonzero(row)] for row in asked]
-        if not counts.any():
-            return gathered
-        data = np.empty(int(counts.sum()), dtype=np.uint8)
-        self.comm.Allgatherv(np.frombuffer(payload, dtype=np.uint8),
-                             [data, counts.tolist(), MPI.BYTE])
-        offset = 0
-        for rank, count in enumerate(counts.tolist()):
-            if count:
-                gathered[rank].extend(pickle.loads(data[offset:offset + count].tobytes()))
-            offset += count
-        return gathered
+        return True
+
+    def _spilled(self, payload, counts):
+        """The ranks' pickled requests that did not fit in the gather (``counts``: each
+        rank's bytes), by rank: one ``Allgatherv`` of those alone, where there are any."""
+        from mpi4py import MPI
+
+        large = [count if count > INLINE else 0 for count in counts]
+        if not any(large):
+            return {}
+        data = np.empty(sum(large), dtype=np.uint8)
+        mine = payload if len(payload) > INLINE else b""
+        self.comm.Allgatherv(np.frombuffer(mine, dtype=np.uint8), [data, large, MPI.BYTE])
+        offsets = np.cumsum([0] + large).tolist()
+        return {rank: data[offsets[rank]:offsets[rank + 1]].tobytes()
+                for rank, count in enumerate(large) if count}
 
     def _merge(self, gathered):
         """Add every rank's messages to the table; True when a rank asked to shut down."""

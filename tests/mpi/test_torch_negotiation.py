@@ -1,6 +1,7 @@
 """How hpctrain.torch pairs operations across ranks, for every algorithm: by name, in any
 order; a name twice in flight; ranks that disagree or pass a bad argument (every rank
-raises, none hangs); ``hvd.join`` with uneven numbers of steps; the timeline.
+raises, none hangs); ``hvd.join`` with uneven numbers of steps; an operation that waits for
+its last rank, not for a cycle; the timeline.
 
 Run under mpirun at np = 1..4: ``mpirun -np N python -m pytest --with-mpi
 tests/mpi/test_torch_negotiation.py`` (scripts/test bounds each launch in time, so a hang is
@@ -10,6 +11,8 @@ others waiting.
 """
 
 import json
+import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -293,6 +296,42 @@ def test_other_collectives_fail_while_a_rank_has_joined(torch_algo, comm):
                              and "joined" in str(error)))
     ok = ok and len(set(everyone)) == 1 and everyone[0] != 0
     all_ranks(comm, ok, [repr(error), everyone])
+
+
+# ----- when a negotiation starts -----------------------------------------------------------
+
+def test_an_operation_waits_for_its_last_rank_not_for_a_cycle(comm):
+    several_ranks(comm, "one rank never waits for another")
+    from hpctrain.torch.engine import Engine, Request
+    from hpctrain.torch.settings import Settings
+
+    # An engine of its own with a 5 s cycle: an operation that waited for a cycle shows it.
+    dup = comm.Dup()
+    engine = Engine(dup, {0: SimpleNamespace(ranks=list(range(comm.size)), comm=dup)}, {},
+                    settings=Settings(cycle_s=5.0))
+
+    def ask(name):
+        return engine.submit(Request(0, name, ("barrier",), name, lambda c, infos: name))
+
+    try:
+        comm.Barrier()
+        began = time.monotonic()
+        # Rank 0 asks for both at once, so that "b" reaches the table with "a", before the
+        # others ask for it: they then owe it (and ask 0.2 s later, which must start a
+        # negotiation at once), while rank 0 owes nothing (and must already be waiting in
+        # that negotiation, not in its cycle).
+        if comm.rank == 0:
+            handles = [ask("a"), ask("b")]
+        else:
+            handles = [ask("a")]
+            time.sleep(0.2)
+            handles.append(ask("b"))
+        got = [handle.wait() for handle in handles]
+        took = time.monotonic() - began
+    finally:
+        engine.close()
+        dup.Free()
+    all_ranks(comm, got == ["a", "b"] and took < 2.0, [got, f"took {took:.2f} s"])
 
 
 # ----- timeline -----------------------------------------------------------------------------
