@@ -94,6 +94,11 @@ SPINS = 200
 #: Bytes of pickled requests per rank that travel in a negotiation's first gather (an
 #: allreduce's is about 300); larger ones follow in an ``Allgatherv``.
 INLINE = 1024
+#: Negotiations that a stopped thread left pending (``abandon``: the job is ending, or every
+#: rank failed together and may ``init`` again), with their buffers. MPI can still complete
+#: such a gather when a peer's thread joins it later, and it then writes into the receive
+#: buffer: freed with its request, that memory would be another object's by then.
+UNFINISHED = []
 #: The queue of requests from the callers' threads to the communication thread. Not
 #: ``queue.SimpleQueue``: in CPython 3.11 its ``get(timeout=t)`` can wait for ever when the
 #: thread is preempted for longer than ``t`` at the wrong moment (its recomputed timeout goes
@@ -783,7 +788,7 @@ class Engine:
         if len(payload) <= INLINE:
             send[3 + words:].view(np.uint8)[:len(payload)] = np.frombuffer(payload, np.uint8)
         both = np.zeros((self.size, len(send)), dtype="<u8")
-        if not self._wait(self.comm.Iallgather(send, both), bool(mine or bits)):
+        if not self._wait(self.comm.Iallgather(send, both), bool(mine or bits), (send, both)):
             return None
         counts = both[:, 0].astype(np.int64).tolist()
         self.stalls.note(both[:, 1].astype(bool).tolist(), int(both[0, 2]) / 1e6)
@@ -801,8 +806,9 @@ class Engine:
                 gathered[rank].extend(pickle.loads(inline[:count].tobytes()))
         return gathered
 
-    def _wait(self, request, news):
+    def _wait(self, request, news, buffers):
         """Poll ``request`` (a negotiation's gather) until done; False if stopped meanwhile.
+        A request left pending keeps ``buffers`` for ever (:data:`UNFINISHED`).
 
         With news (``news``: this rank asks for something), a few tests first (the others
         are often there already), then short sleeps, so that a thread waiting for a slow rank
@@ -816,6 +822,7 @@ class Engine:
                 spins -= 1
                 continue
             if self._stop.is_set():
+                UNFINISHED.append((request, buffers))
                 return False
             time.sleep(POLL_S)
         return True
