@@ -14,7 +14,8 @@ import torch
 
 from hpctrain import info
 from hpctrain.mpi import cuda as mpi_cuda
-from hpctrain.collectives import ALGORITHMS, DTYPES, context
+from hpctrain.collectives import ALGORITHMS, DTYPES, buffers, context
+from hpctrain.errors import UsageError
 from hpctrain.mpi.cuda import CudaAwareness
 from hpctrain.train import TrainConfig
 from hpctrain.train.build import device as _device
@@ -209,6 +210,33 @@ def test_which_algorithms_may_be_handed_device_memory():
     # Horovod moves device memory itself (NCCL, or its own CUDA-aware MPI path).
     assert ALGORITHMS["horovod"].device_capable(DTYPES["float32"], False)
 
+
+
+@pytest.mark.parametrize("setting, expect_from", [(None, buffers.DIRECT_BYTES), ("0", 0),
+                                                  ("4096", 4096)])
+def test_small_cuda_messages_are_staged_even_where_mpi_is_cuda_aware(
+        self_context, monkeypatch, setting, expect_from):
+    if setting is None:
+        monkeypatch.delenv(buffers.DIRECT_ENV, raising=False)
+    else:
+        monkeypatch.setenv(buffers.DIRECT_ENV, setting)
+    ctx = self_context(True)
+    float32 = DTYPES["float32"]
+    for count in sorted({1, 1023, 1024, 1025, max(expect_from // 4 - 1, 1),
+                         expect_from // 4 + 1}):
+        plan = ctx.plan(("test", "ring", count), "ring", "sum", float32, count, {}, 0)
+        assert plan.staged is (count * 4 < expect_from), (count, expect_from)
+    # Horovod moves device memory by its own means: never staged by the threshold.
+    assert buffers.on_device(ctx, ALGORITHMS["horovod"], float32, 4)
+    assert not buffers.on_device(ctx, ALGORITHMS["ring"], float32, 4) or expect_from <= 4
+
+
+@pytest.mark.parametrize("bad", ["64K", "-1", "lots"])
+def test_a_bad_cuda_direct_threshold_names_the_variable(self_context, monkeypatch, bad):
+    monkeypatch.setenv(buffers.DIRECT_ENV, bad)
+    ctx = self_context(True)
+    with pytest.raises(UsageError, match=buffers.DIRECT_ENV + ".*whole number of bytes"):
+        ctx.plan(("test", "ring"), "ring", "sum", DTYPES["float32"], 10, {}, 0)
 
 STAGED_PROGRAM = textwrap.dedent("""
     # The staged path's data flow on CPU tensors standing in for device data: copy into the

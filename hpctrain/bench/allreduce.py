@@ -67,7 +67,8 @@ class AllreduceExtras(Extras):
         if device.type != "cuda":
             return {}
         self.awareness = mpi_cuda.cuda_awareness(comm)
-        return {"cuda_aware_mpi": str(self.awareness)}
+        return {"cuda_aware_mpi": str(self.awareness),
+                "cuda_direct_bytes": collectives.buffers.direct_bytes()}
 
     def begin(self, args, comm):
         """Loads ``auto``'s profile (collective)."""

@@ -116,6 +116,9 @@ class Algorithm:
     chosen_by_model = False
     #: False for an algorithm ``auto`` never chooses, even where it was measured fastest.
     chosen_by_auto = True
+    #: True for an algorithm that moves CUDA memory by its own means (Horovod): it gets
+    #: device memory at every size, never staged by :func:`~.buffers.on_device`'s threshold.
+    moves_device_memory = False
     #: Read on a collective's interface (:func:`~.registry.interface`) only: the algorithm
     #: where none is named, the algorithm that goes with an allreduce algorithm where the
     #: names differ (``companion``), and the ``hpctrain bench`` plug-in (a

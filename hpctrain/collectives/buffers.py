@@ -4,9 +4,11 @@
   half precision travels as ``int16`` (MPI has no 16-bit float type) and is reduced
   through views in its real dtype; :func:`flatten_bytes`: a byte view of any dtype, for
   the collectives that only move data (allgather, alltoall);
+- :func:`on_device`: whether a call on CUDA memory hands MPI the device buffers (a
+  CUDA-aware MPI, from ``$HPCTRAIN_CUDA_DIRECT_BYTES`` up) or stages them;
 - :func:`pinned`, :func:`stage` and :func:`run_staged`: CUDA data moved through a reused
-  page-locked host buffer when MPI is not CUDA-aware; :func:`execute`: a collective's data
-  phase where its data is (host, device, or staged);
+  page-locked host buffer when MPI is not CUDA-aware or the message is small;
+  :func:`execute`: a collective's data phase where its data is (host, device, or staged);
 - :func:`fused_buffer`, :func:`copy_in`, :func:`copy_out`: many tensors packed into one
   reused flat buffer for :func:`~hpctrain.collectives.allreduce_fused`.
 """
@@ -16,7 +18,14 @@ import sys
 import numpy as np
 
 from ..errors import UsageError
+from .algorithm import count_option
 from .dtypes import DTYPES, NUMPY_DTYPES, bad_dtype
+
+#: The environment variable that sets the smallest CUDA message, in bytes, handed to a
+#: CUDA-aware MPI as device memory; smaller ones are staged through pinned host memory.
+DIRECT_ENV = "HPCTRAIN_CUDA_DIRECT_BYTES"
+#: Its default (see docs/gpu.md for the measurement it comes from).
+DIRECT_BYTES = 0
 
 
 class Seen:
@@ -109,6 +118,25 @@ def _placed(flat, what):
     return flat.numpy(), None
 
 
+def direct_bytes():
+    """The smallest CUDA message handed to MPI as device memory: ``$HPCTRAIN_CUDA_DIRECT_BYTES``,
+    else :data:`DIRECT_BYTES`."""
+    return count_option("cuda_direct_bytes", None, DIRECT_ENV, DIRECT_BYTES,
+                        "a whole number of bytes, e.g. 65536 (0: device memory at every size)")
+
+
+def on_device(ctx, algorithm, dtype, nbytes):
+    """True when a call of ``nbytes`` on CUDA memory gives ``algorithm`` the device memory
+    itself; False when it is staged through pinned host memory: MPI is not CUDA-aware (or
+    the algorithm cannot take ``dtype`` there), or the message is under
+    :func:`direct_bytes`, where a CUDA-aware MPI's device path costs more per message than
+    two copies (docs/gpu.md). An algorithm that moves device memory by its own means
+    (Horovod) always gets it."""
+    if not algorithm.device_capable(dtype, ctx.cuda_aware):
+        return False
+    return algorithm.moves_device_memory or nbytes >= ctx.direct_bytes
+
+
 def pinned(ctx, dtype, count):
     """A reused page-locked host buffer of ``count`` transport elements (torch tensor),
     through which CUDA data is staged when MPI is not CUDA-aware."""
@@ -145,7 +173,8 @@ def execute(ctx, algorithm, dtype, device, inputs, outputs, bind):
     device (a CUDA-aware MPI and an algorithm that can), or through the pinned host buffer."""
     if device is None:
         bind(False)(*inputs, *outputs)
-    elif algorithm.device_capable(dtype, ctx.cuda_aware):
+    elif on_device(ctx, algorithm, dtype,
+                   max(a.numel() * a.element_size() for a in (*inputs, *outputs))):
         # MPI reads device memory directly: kernels that wrote it must be done.
         sys.modules["torch"].cuda.current_stream(device).synchronize()
         bind(True)(*inputs, *outputs)

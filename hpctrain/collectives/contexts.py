@@ -17,6 +17,7 @@ from functools import partial
 import numpy as np
 
 from ..errors import UsageError
+from .buffers import direct_bytes
 from .check import CHECK_FIELDS, MismatchError, invalid_vector, mismatch_message
 from .plans import NO_CALL, build
 from .registry import ALGORITHMS
@@ -46,6 +47,7 @@ class Context:
         self.setups = {}       # (algo, params) -> the algorithm's per-communicator state
         self.check_recv = np.empty(2 * len(CHECK_FIELDS), dtype=np.int64)
         self._cuda_aware = None
+        self._direct_bytes = None
 
     @property
     def cuda_aware(self):
@@ -55,6 +57,14 @@ class Context:
 
             self._cuda_aware = cuda_awareness(self.comm).aware is True
         return self._cuda_aware
+
+    @property
+    def direct_bytes(self):
+        """The smallest CUDA message handed to MPI as device memory (read once per
+        communicator; :func:`~.buffers.direct_bytes`)."""
+        if self._direct_bytes is None:
+            self._direct_bytes = direct_bytes()
+        return self._direct_bytes
 
     def workspace(self, kind, count, make):
         """A reused array of at least ``count`` elements; ``make(count)`` allocates one.

@@ -84,6 +84,7 @@ class HorovodAllreduce(Algorithm):
     name = "horovod"
     # Horovod runs through its own thread and path, not through ``allreduce``'s.
     chosen_by_auto = False
+    moves_device_memory = True
 
     def averages(self, dtype):
         return not dtype.integer

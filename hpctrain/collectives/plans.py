@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import UsageError
 from .algorithm import Algorithm
-from .buffers import run_staged
+from .buffers import on_device as device_path, run_staged
 from .check import call_vector
 from .dtypes import DType, OPS, choices
 from .reduce import averager, device_reducer, host_reducer
@@ -52,7 +52,8 @@ def build(ctx, key, algo, op, dtype, count, options, device):
     if op not in OPS:
         raise UsageError(f"unknown allreduce op {op!r}; valid choices: {choices(OPS)}")
     params = algorithm.parameters(ctx.size, options)
-    staged = device is not None and not algorithm.device_capable(dtype, ctx.cuda_aware)
+    staged = device is not None and not device_path(ctx, algorithm, dtype,
+                                                    count * dtype.itemsize)
     on_device = device is not None and not staged
     finish = None
     if op == "avg" and not algorithm.averages(dtype):
