@@ -35,7 +35,9 @@ BIG_BYTES = 1 << 20
 @pytest.fixture(params=["direct", "staged"])
 def path(request, monkeypatch):
     """``(name, comm)``: a fresh duplicate of COMM_WORLD on which CUDA tensors take the
-    ``direct`` or the ``staged`` path (a fresh one: a context asks once and keeps the answer)."""
+    ``direct`` path (at every size: ``HPCTRAIN_CUDA_DIRECT_BYTES=0``) or the ``staged`` one
+    (a fresh one: a context asks once and keeps the answer)."""
+    monkeypatch.setenv(buffers.DIRECT_ENV, "0")
     if request.param == "staged":
         monkeypatch.setattr(mpi_cuda, "cuda_awareness", lambda comm=None: mpi_cuda.
                             CudaAwareness(False, "test: staged path forced"))
@@ -100,6 +102,28 @@ def test_every_dtype_op_and_size_matches_the_cpu_result(path, device, algo):
     failures = [f for dtype in sorted(DTYPES) for op in sorted(OPS) for count in sizes
                 for options in variants(algo)
                 if (f := run_case(path, device, algo, dtype, op, count, options, salt=count))]
+    all_ranks(not failures, failures)
+
+
+@pytest.mark.parametrize("algo", ["ring", "tree", "mpi"])
+def test_by_default_small_messages_are_staged_and_large_ones_direct(device, algo, monkeypatch):
+    monkeypatch.delenv(buffers.DIRECT_ENV, raising=False)
+    awareness = mpi_cuda.cuda_awareness(COMM)
+    if awareness.aware is not True:
+        pytest.skip(f"MPI is not CUDA-aware here ({awareness}): everything is staged")
+    comm = COMM.Dup()
+    try:
+        failures = []
+        for count in (1, 4096, buffers.DIRECT_BYTES // 4 - 1, buffers.DIRECT_BYTES // 4,
+                      buffers.DIRECT_BYTES // 4 + 1009):
+            # expect_staged says staged for the "staged" path only: the threshold is the
+            # path's name here.
+            name = "staged" if count * 4 < buffers.DIRECT_BYTES else "direct"
+            failures.append(run_case((name, comm), device, algo, "float32", "sum", count, {},
+                                     salt=count))
+        failures = [f for f in failures if f]
+    finally:
+        comm.Free()
     all_ranks(not failures, failures)
 
 
