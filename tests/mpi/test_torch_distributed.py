@@ -390,6 +390,75 @@ def test_a_collective_past_its_timeout_fails_on_every_rank(dist_algo, comm):
     all_ranks(comm, not failures, failures)
 
 
+
+def timed(call):
+    """``(error, seconds)`` of ``call()``: what it raised (``None``: nothing), how long."""
+    start = time.monotonic()
+    error = raised(call)
+    return error, time.monotonic() - start
+
+
+def test_send_and_recv_past_their_timeout_fail_and_wait_takes_a_timeout(dist_algo, comm):
+    """On rank 0: a receive that no message matches within its group's timeout is cancelled
+    and raises (gloo's type and words), and the message sent after it goes to the next
+    receive; a send too large to leave without a receive raises too, while MPI keeps it (a
+    receive posted later gets its data); ``Work.wait(timeout)`` raises once its own limit
+    has passed and the receive goes on: a later ``wait()`` gets the message."""
+    if dist_algo != TORCH_ALGOS[0]:
+        pytest.skip("point-to-point is MPI's own, whatever the algorithm: one suffices")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    if size == 1:
+        pytest.skip("point-to-point needs a peer")
+    failures = []
+    group = dist.new_group(list(range(size)), timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    slow = dist.new_group(list(range(size)), timeout=datetime.timedelta(seconds=120))
+
+    def expect_timeout(what, call, limit):
+        error, took = timed(call)
+        if not isinstance(error, RuntimeError) or " Timed out " not in str(error):
+            failures.append(f"{what}: raised {error!r}")
+        if not limit <= took < limit + 5:
+            failures.append(f"{what}: waited {took:.2f} s, timeout {limit} s")
+
+    if rank == 0:
+        expect_timeout("recv", lambda: dist.recv(torch.empty(3), src=1, group=group, tag=11),
+                       TIMEOUT_S)
+    comm.Barrier()
+    if rank == 1:
+        dist.send(torch.full((3,), 5.0), dst=0, group=group, tag=11)
+    elif rank == 0:
+        got = torch.empty(3)
+        dist.recv(got, src=1, group=group, tag=11)
+        compare(failures, "the recv after a cancelled one", got, torch.full((3,), 5.0))
+
+    count = 1 << 21                     # 8 MiB: past every transport's eager limit
+    if rank == 0:
+        expect_timeout("send", lambda: dist.send(torch.full((count,), 3.0), dst=1,
+                                                 group=group, tag=12), TIMEOUT_S)
+    comm.Barrier()
+    if rank == 1:
+        got = torch.empty(count)
+        dist.recv(got, src=0, group=group, tag=12)
+        if not bool((got == 3.0).all()):
+            failures.append("the abandoned send's data did not arrive whole")
+
+    if rank == 0:
+        got = torch.empty(2)
+        work = dist.irecv(got, src=1, group=slow, tag=13)
+        expect_timeout("Work.wait(timeout)",
+                       lambda: work.wait(timeout=datetime.timedelta(seconds=TIMEOUT_S)),
+                       TIMEOUT_S)
+    comm.Barrier()
+    if rank == 1:
+        dist.send(torch.tensor([1.0, 2.0]), dst=0, group=slow, tag=13)
+    elif rank == 0:
+        work.wait()
+        compare(failures, "the irecv after its wait timed out", got, torch.tensor([1.0, 2.0]))
+    comm.Barrier()
+    for made in (group, slow):
+        dist.destroy_process_group(made)
+    all_ranks(comm, not failures, failures)
+
 def test_functional_collectives(dist_algo, comm):
     import torch.distributed._functional_collectives as functional
 

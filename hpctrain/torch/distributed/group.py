@@ -14,15 +14,13 @@ completed there (:mod:`.work`). ``gather`` and ``scatter`` are alltoalls in whic
 root's blocks are not empty; ``send`` and ``recv`` are MPI's own (:mod:`.p2p`).
 """
 
-import datetime
-
 import torch
 import torch.distributed as dist
 
 from . import p2p
 from .reductions import (allreduce_flat, check_dtype, reduce_scatter_flat, reduce_to_root,
                          reduction)
-from .work import FutureHandle, Work
+from .work import FutureHandle, Work, seconds
 from .. import basics
 from ..engine import Request
 from ..ops.common import (check_tensor, describe_tensors, dtype_name, on_thread, start, submit,
@@ -55,13 +53,6 @@ def _tensor_list(tensors, function):
 def _signature(kind, tensors, *extra):
     return (kind, tuple(tuple(t.shape) for t in tensors), tuple(dtype_name(t) for t in tensors),
             tuple(where(t) for t in tensors)) + tuple(extra)
-
-
-def seconds(timeout):
-    """A ``timedelta``'s seconds; ``None`` for none, or for torch's "not set" (negative)."""
-    if isinstance(timeout, datetime.timedelta) and timeout >= datetime.timedelta(0):
-        return timeout.total_seconds()
-    return None
 
 
 def _root(opts, size, function):
@@ -555,19 +546,19 @@ class ProcessGroupHpctrain(dist.ProcessGroup):
         """Post the send of ``tensors[0]`` to group rank ``dst``."""
         tensor = _tensor_list(tensors, "send")[0]
         self._peer(dst, tag, "dist.send")
-        return p2p.send(self.p2p_comm, tensor, dst, tag)
+        return p2p.send(self.p2p_comm, tensor, dst, tag, self.timeout)
 
     def recv(self, tensors, src, tag=0):
         """Post the receive of ``tensors[0]`` from group rank ``src``."""
         tensor = _tensor_list(tensors, "recv")[0]
         self._peer(src, tag, "dist.recv")
-        return p2p.recv(self.p2p_comm, tensor, src, tag)
+        return p2p.recv(self.p2p_comm, tensor, src, tag, self.timeout)
 
     def recv_anysource(self, tensors, tag=0):
         """Post the receive of ``tensors[0]`` from whichever rank sends first."""
         tensor = _tensor_list(tensors, "recv")[0]
         self._peer(0, tag, "dist.recv")
-        return p2p.recv(self.p2p_comm, tensor, None, tag)
+        return p2p.recv(self.p2p_comm, tensor, None, tag, self.timeout)
 
     # ----- groups --------------------------------------------------------------------------
 

@@ -13,7 +13,14 @@ CUDA tensors are staged through host memory (MPI's point-to-point is given host 
 With a fault-tolerant MPI, a rank's death fails the posted requests: those involving it at
 once, the others when the world revokes its communicators, these among them
 (``World.duplicates``); each with a :class:`~hpctrain.torch.engine.ProcessFailure` that says
-who died. There is no timeout: a receive whose sender never sends waits, as MPI's does.
+who died.
+
+Each send and receive has its group's ``timeout``, as gloo's have: a receive that no message
+has matched by then is cancelled and fails (``Timed out waiting ...ms for recv operation to
+complete``, gloo's words); a send that no receive has taken by then fails too, while MPI keeps
+its request (a send cannot be cancelled) and this thread keeps its buffer until it completes
+or the process ends. Only the rank whose operation expired raises; its peer, if it waits
+for something else, is ended by hpctrain's guard when the raising rank exits.
 """
 
 import threading
@@ -26,6 +33,24 @@ from ..engine import ProcessFailure, lost, process_failure
 
 #: Seconds between tests of the posted requests while any are in flight.
 POLL_S = 0.0001
+#: ... while only expired sends are (MPI keeps them until a receive takes them).
+EXPIRED_POLL_S = 0.01
+
+
+class Posted:
+    """One request in flight: its communicator, ``finish(status, error)``, its timeout and
+    deadline (``time.monotonic()``; ``None``: none), what it is (``"send"`` or ``"recv"``,
+    and ``describe``: its peer and tag, for the timeout's message), and whether it expired
+    already (a cancelled receive being completed, or an abandoned send)."""
+
+    __slots__ = ("request", "comm", "finish", "timeout", "deadline", "what", "describe",
+                 "expired")
+
+    def __init__(self, request, comm, finish, timeout, what, describe):
+        self.request, self.comm, self.finish, self.what = request, comm, finish, what
+        self.timeout, self.describe = timeout, describe
+        self.deadline = None if not timeout else time.monotonic() + timeout
+        self.expired = False
 
 
 class Progress:
@@ -33,15 +58,17 @@ class Progress:
     at the first post, idle without requests)."""
 
     def __init__(self):
-        self._posted = []               # (MPI request, communicator, finish) triples
+        self._posted = []               # Posted, in the order they came
         self._lock = threading.Condition()
         self._thread = None
 
-    def post(self, request, comm, finish):
+    def post(self, request, comm, finish, timeout=None, what="recv", describe=""):
         """Hand ``request`` (posted on ``comm``) over; ``finish(status, error)`` runs on this
-        thread once it completes or fails."""
+        thread once it completes, fails, or has not completed within ``timeout`` seconds
+        (``None`` or 0: no limit). ``what``: ``"send"`` or ``"recv"``; ``describe``: its
+        peer and tag."""
         with self._lock:
-            self._posted.append((request, comm, finish))
+            self._posted.append(Posted(request, comm, finish, timeout, what, describe))
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._serve, name="hpctrain-p2p",
                                                 daemon=True)
@@ -56,25 +83,52 @@ class Progress:
                 while not self._posted:
                     self._lock.wait()
                 posted = list(self._posted)
-            done = []
-            for request, comm, finish in posted:
-                status = MPI.Status()
-                try:
-                    complete = request.Test(status)
-                except Exception as exc:  # noqa: BLE001 - the waiting caller hears of it
-                    finish(None, failure(comm, exc))
-                    done.append(request)
-                    continue
-                if complete:
-                    finish(status, None)
-                    done.append(request)
+            done = [p for p in posted if self._advance(p, MPI)]
             with self._lock:
-                self._posted = [p for p in self._posted if p[0] not in done]
+                self._posted = [p for p in self._posted if p not in done]
             if not done:
-                time.sleep(POLL_S)
+                time.sleep(POLL_S if any(not p.expired for p in posted) else EXPIRED_POLL_S)
+
+    @staticmethod
+    def _advance(posted, MPI):  # noqa: N803 - the module
+        """Test one request; True once it is finished with (its handle finished, and MPI
+        done with its buffer)."""
+        status = MPI.Status()
+        try:
+            complete = posted.request.Test(status)
+        except Exception as exc:  # noqa: BLE001 - the waiting caller hears of it
+            if not posted.expired:
+                posted.finish(None, failure(posted.comm, exc))
+            return True
+        if complete:
+            if posted.what == "recv" and status.Is_cancelled():
+                posted.finish(None, timed_out(posted))
+            elif not (posted.expired and posted.what == "send"):
+                # (a receive whose cancel came too late completed: it succeeded)
+                posted.finish(status, None)
+            return True
+        if posted.expired or posted.deadline is None or time.monotonic() < posted.deadline:
+            return False
+        posted.expired = True
+        if posted.what == "recv":
+            posted.request.Cancel()       # completes, cancelled or matched: tested above
+        else:
+            posted.finish(None, timed_out(posted))
+        return False
 
 
 PROGRESS = Progress()
+
+
+def timed_out(posted):
+    """The error of a send or receive that did not complete within its group's timeout
+    (worded as gloo's, which torch's tests recognise)."""
+    late = ("no receive has taken it; MPI keeps the send until one does"
+            if posted.what == "send" else "no message matched it; it was cancelled")
+    return RuntimeError(f"dist.{posted.what} {posted.describe}: Timed out waiting "
+                        f"{posted.timeout * 1000:.0f}ms for {posted.what} operation to "
+                        f"complete: not done within its process group's timeout of "
+                        f"{posted.timeout:g} s ({late})")
 
 
 def failure(comm, exc):
@@ -106,20 +160,24 @@ def _posted(comm, post):
         raise failure(comm, exc) from exc
 
 
-def send(comm, tensor, peer, tag):
-    """Post the send of ``tensor`` to group rank ``peer``; return its :class:`Work`."""
+def send(comm, tensor, peer, tag, timeout=None):
+    """Post the send of ``tensor`` to group rank ``peer``; return its :class:`Work`, which
+    fails if no receive has taken it within ``timeout`` seconds (``None``: no limit)."""
     host = _host_view(tensor)
     handle = FutureHandle(lambda result: [tensor])
     request = _posted(comm, lambda: comm.Isend(_bytes(host), dest=peer, tag=tag))
     # ``host`` stays referenced by the closure until MPI is done with it.
     PROGRESS.post(request, comm,
-                  lambda status, error, keep=host: handle.finish((None, None), error))
+                  lambda status, error, keep=host: handle.finish((None, None), error),
+                  timeout, "send", f"to rank {peer} (tag {tag})")
     return Work(handle)
 
 
-def recv(comm, tensor, peer, tag):
+def recv(comm, tensor, peer, tag, timeout=None):
     """Post the receive of ``tensor`` from group rank ``peer`` (``None``: any rank); return
-    its :class:`Work`, whose ``_source_rank()`` is the sender once it completes."""
+    its :class:`Work`, whose ``_source_rank()`` is the sender once it completes; cancelled
+    and failed if no message has matched it within ``timeout`` seconds (``None``: no
+    limit)."""
     from mpi4py import MPI
 
     host = tensor if (not tensor.is_cuda and tensor.is_contiguous()) else \
@@ -132,5 +190,6 @@ def recv(comm, tensor, peer, tag):
         if error is None and host is not tensor:
             tensor.copy_(host)
         handle.finish(None if status is None else (status.Get_source(), None), error)
-    PROGRESS.post(request, comm, finish)
+    PROGRESS.post(request, comm, finish, timeout, "recv",
+                  f"from {'any rank' if peer is None else f'rank {peer}'} (tag {tag})")
     return Work(handle)

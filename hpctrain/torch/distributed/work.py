@@ -9,11 +9,20 @@ it in :meth:`~hpctrain.torch.engine.Handle.finish`, the one place every operatio
 whether it ran, failed on every rank (a mismatch, a deadlock) or was failed by a shutdown.
 """
 
+import datetime
+
 import torch
 import torch.distributed as dist
 
 from ..engine import Handle
 from ..ops.common import synchronize
+
+
+def seconds(timeout):
+    """A ``timedelta``'s seconds; ``None`` for none, or for torch's "not set" (negative)."""
+    if isinstance(timeout, datetime.timedelta) and timeout >= datetime.timedelta(0):
+        return timeout.total_seconds()
+    return None
 
 
 class FutureHandle(Handle):
@@ -60,7 +69,16 @@ class Work(dist._Work):
         self.handle = handle
 
     def wait(self, timeout=None):
-        """Block until the operation has ended; raise its error, else return True."""
+        """Block until the operation has ended; raise its error, else return True.
+
+        ``timeout`` (a ``timedelta``; zero, torch's default, is none): raise ``RuntimeError``
+        if the operation has not ended by then. The operation itself goes on (its own
+        timeout, the group's, still applies): a later ``wait()`` finds its outcome."""
+        limit = seconds(timeout)
+        if limit and not self.handle.done.wait(limit):
+            raise RuntimeError(f"Work.wait: Timed out waiting {limit * 1000:.0f}ms for the "
+                               f"operation to complete (wait's timeout of {limit:g} s); it "
+                               f"is still in flight and a later wait() gives its outcome")
         # Handle.wait counts this thread as blocked, which the engine's deadlock verdict
         # needs (every rank waiting for a name another rank never asks for); synchronize
         # also orders the caller's CUDA stream after the operation's.
