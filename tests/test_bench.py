@@ -294,7 +294,7 @@ def test_bench_torch_distributed_times_hpctrain_beside_gloo_with_every_result_ex
         mpirun, hpctrain_cmd, tmp_path):
     out_json = tmp_path / "versus.json"
     result = mpirun(2, [*hpctrain_cmd, "bench", "torch-distributed", "--sizes", "64K,1M",
-                        "--rounds", "2", "-n", "1", "--ddp-steps", "2", "--json", out_json],
+                        "--rounds", "2", "-n", "1", "--train-steps", "2", "--json", out_json],
                     timeout=180)
     assert result.returncode == 0, result.output
     assert "# wrong results: 0" in result.output, result.output
@@ -306,12 +306,14 @@ def test_bench_torch_distributed_times_hpctrain_beside_gloo_with_every_result_ex
         factor = (2 if collective == "all_reduce" else 1) * (2 - 1) / 2
         assert row["wrong"] == 0 and row["time_us"] > 0
         assert row["busbw_GBs"] == pytest.approx(row["algbw_GBs"] * factor)
-    assert {r["backend"] for r in document["ddp"]} == {"hpctrain", "gloo"}
-    assert all(r["samples_per_s"] > 0 for r in document["ddp"])
+    assert {(r["wrapper"], r["backend"]) for r in document["training"]} == \
+        {(w, b) for w in ("DDP", "FSDP2") for b in ("hpctrain", "gloo")}
+    assert all(r["samples_per_s"] > 0 for r in document["training"])
+    assert "#   DDP  hpctrain:" in result.output and "# FSDP2      gloo:" in result.output
 
 
 @pytest.mark.parametrize("args, says", [
-    (["--rounds", "0"], "need --rounds >= 1, -n >= 1 and --ddp-steps >= 0, got --rounds 0"),
+    (["--rounds", "0"], "need --rounds >= 1, -n >= 1 and --train-steps >= 0, got --rounds 0"),
     (["--against", "nccl"], "--against nccl does not take cpu tensors: use --against gloo"),
     (["--device", "cuda", "--against", "none"], "--device cuda"),
 ])

@@ -168,6 +168,22 @@ def test_horovod_style_example_trains_on_two_nodes(cluster, tmp_path):
     assert "ranks 4, replicas identical: True" in output
 
 
+def test_fsdp2_example_over_the_hpctrain_backend_trains_on_two_nodes(cluster, tmp_path):
+    # torch.distributed's own API, no MASTER_ADDR: FSDP2's all-gathers and reduce-scatters
+    # go over MPI between the hosts.
+    sent, received = vc0_bytes(cluster, 2)
+    code, output, _ = run_job(cluster, tmp_path, "jobs/run.sbatch", *TWO_BY_TWO,
+                              args=["examples/fsdp_mpi.py", "--epochs", "2"])
+    assert code == 0, output
+    assert "# job " in output and ": 4 tasks on 2 node(s): h[1-2]" in output
+    accuracy = re.findall(r"^epoch 2: loss [\d.]+ +test accuracy ([\d.]+)%", output, re.M)
+    assert accuracy and float(accuracy[0]) > 80, output
+    assert re.search(r"^ranks 4, backend hpctrain, .* parameters held by rank 0: \d+ of 9610",
+                     output, re.M), output
+    after = vc0_bytes(cluster, 2)
+    assert after[0] - sent > 256 << 10 and after[1] - received > 256 << 10, \
+        (sent, received, after)
+
 def test_a_rank_that_raises_on_the_second_node_ends_the_job(cluster, tmp_path):
     script = tmp_path / "raises.py"
     script.write_text(RAISES)

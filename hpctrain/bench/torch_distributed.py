@@ -4,14 +4,13 @@ torch's own backend for the device (gloo for CPU tensors, NCCL for CUDA ones), i
     mpirun -np 4 python -m hpctrain bench torch-distributed --rounds 5
     mpirun -np 2 python -m hpctrain bench torch-distributed --device cuda    # beside NCCL
 
-Both process groups live in every rank at once: the default group is ``hpctrain``
-(``dist.init_process_group("hpctrain")``), and the other is built beside it on a store that
-the ranks meet at through MPI (:func:`hpctrain.torch.ddp.rendezvous`). Each round times
+Both process groups live in every rank at once: the default group is ``hpctrain``, and the
+other is made beside it by ``new_group(backend=...)`` (:func:`init_groups`). Each round times
 every collective at every size on both, in alternating order (hpctrain first in even
 rounds, the other first in odd ones), so that whatever else the machine does falls on both
 alike; the table gives the median over the rounds of each rank's slowest time (on a GPU, up
-to the device's end of the last call). Then DDP's training throughput, the same model and
-batches on either group, rounds alternated likewise. ``--against none`` times hpctrain alone
+to the device's end of the last call). Then the training throughput of DDP and of FSDP2
+(``fully_shard``), the same model and batches on either group, rounds alternated likewise. ``--against none`` times hpctrain alone
 (NCCL before 2.30 refuses two ranks on one GPU).
 
 Collectives: ``all_reduce`` (busbw = algbw * 2(p-1)/p), ``all_gather_into_tensor`` and
@@ -40,8 +39,9 @@ def add_arguments(parser):
                         help="alternated rounds; the table gives their median (default: 5)")
     parser.add_argument("-n", "--iters", type=int, default=3,
                         help="timed calls per collective, size and round (default: 3)")
-    parser.add_argument("--ddp-steps", type=int, default=10,
-                        help="DDP training steps per round (default: 10; 0: no DDP rows)")
+    parser.add_argument("--train-steps", "--ddp-steps", dest="train_steps", type=int,
+                        default=10, help="DDP and FSDP2 training steps per round (default: 10; "
+                        "0: no training rows; --ddp-steps is its old name)")
     parser.add_argument("--device", choices=tuple(AGAINST), default="cpu",
                         help="where the tensors live (default: cpu; cuda: each rank's "
                              "node-local GPU)")
@@ -51,26 +51,24 @@ def add_arguments(parser):
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
 
 
-def peer_group(comm, backend, device, timeout_s=300):
-    """A process group of torch's ``backend`` (``gloo`` or ``nccl``) over ``comm``'s ranks,
-    beside the default group (collective): torch's own ``ProcessGroup`` wrapping the
-    backend's, as ``init_process_group`` builds one, so that DDP takes it."""
-    import torch
+def init_groups(comm, against, timeout_s=300):
+    """``{backend: group}`` (collective): the default group over ``hpctrain`` and, unless
+    ``against`` is ``none``, a group of torch's ``against`` (``gloo`` or ``nccl``) over the
+    same ranks, made by ``new_group`` as a script would make one, so that DDP, FSDP2 and
+    ``DeviceMesh`` take it. Its backend needs a store: the default group is then given one
+    that the ranks meet at through MPI (:func:`hpctrain.torch.ddp.rendezvous`), which the
+    ``hpctrain`` backend itself ignores."""
     import torch.distributed as dist
 
     from ..torch.ddp import rendezvous
 
+    if against == "none":
+        dist.init_process_group("hpctrain")
+        return {"hpctrain": dist.group.WORLD}
     store = rendezvous(comm, datetime.timedelta(seconds=timeout_s))
-    rank, size = comm.Get_rank(), comm.Get_size()
-    kind = {"gloo": dist.ProcessGroup.BackendType.GLOO,
-            "nccl": dist.ProcessGroup.BackendType.NCCL}[backend]
-    made = {"gloo": lambda s: dist.ProcessGroupGloo(s, rank, size),
-            "nccl": lambda s: dist.ProcessGroupNCCL(s, rank, size)}[backend]
-    group = dist.ProcessGroup(dist.PrefixStore("group", store), rank, size)
-    group._set_default_backend(kind)
-    group._register_backend(torch.device(device.type), kind,
-                            made(dist.PrefixStore(backend, store)))
-    return group
+    dist.init_process_group("hpctrain", store=store, rank=comm.Get_rank(),
+                            world_size=comm.Get_size())
+    return {"hpctrain": dist.group.WORLD, against: dist.new_group(backend=against)}
 
 
 def calls(group, count, size, device):
@@ -132,19 +130,35 @@ def timed(comm, call, iters, device):
     return comm.allreduce((time.perf_counter() - start) / iters, op=MPI.MAX)
 
 
-def ddp_step_maker(group, steps, device):
-    """``run()``: ``steps`` DDP training steps over ``group``, on the same model and
-    batches whichever the group (a 4-layer MLP of 1024 wide, 32 rows per rank), on
+#: The data-parallel wrappers whose training throughput the benchmark times.
+WRAPPERS = ("DDP", "FSDP2")
+
+
+def step_maker(wrapper, group, steps, device):
+    """``run()``: ``steps`` training steps of ``wrapper`` (DDP, or FSDP2's ``fully_shard`` of
+    each layer and of the whole, on a mesh over ``group``) over ``group``, on the same model
+    and batches whichever the group (a 4-layer MLP of 1024 wide, 32 rows per rank), on
     ``device``."""
     import torch
     from torch import nn
-    from torch.nn.parallel import DistributedDataParallel
 
     torch.manual_seed(0)
-    model = DistributedDataParallel(
-        nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
-                      nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10)).to(device),
-        device_ids=[device] if device.type == "cuda" else None, process_group=group)
+    model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
+                          nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10)).to(device)
+    if wrapper == "DDP":
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = DistributedDataParallel(
+            model, device_ids=[device] if device.type == "cuda" else None, process_group=group)
+    else:
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = DeviceMesh.from_group(group, device.type)
+        for layer in model:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     generator = torch.Generator().manual_seed(group.rank())
     x = torch.randn(32, 256, generator=generator).to(device)
@@ -172,12 +186,9 @@ def run(args, comm):
     check_arguments(args, against, comm)
     torch.set_num_threads(1)
     device = rank_device(args.device, comm)
-    dist.init_process_group("hpctrain")
+    groups = init_groups(comm, against)
     size = comm.Get_size()
-    backends = ("hpctrain",) if against == "none" else ("hpctrain", against)
-    groups = {"hpctrain": dist.group.WORLD}
-    if against != "none":
-        groups[against] = peer_group(comm, against, device)
+    backends = tuple(groups)
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     settings = {"ranks": size, "algorithm": algorithm(), "device": args.device,
                 "against": against, "rounds": args.rounds, "iters": args.iters,
@@ -201,12 +212,12 @@ def run(args, comm):
                     times.setdefault((collective, nbytes, name), []).append(seconds)
     rows = [_row(c, n, b, statistics.median(times[(c, n, b)]), size, wrong[(c, n, b)])
             for c in COLLECTIVES for n in sizes for b in backends]
-    ddp = _ddp_rows(args, comm, groups, size, device) if args.ddp_steps else []
+    training = _training_rows(args, comm, groups, size, device) if args.train_steps else []
     if comm.Get_rank() == 0:
-        _print(lines, rows, ddp)
+        _print(lines, rows, training)
         if args.json:
             write_json(args.json, {"settings": settings, "environment": environment(),
-                                   "collectives": rows, "ddp": ddp})
+                                   "collectives": rows, "training": training})
     dist.destroy_process_group()
     return any(wrong.values())
 
@@ -226,10 +237,10 @@ def check_arguments(args, against, comm):
 
     on_node = ranks_on_node(comm) if against == "nccl" else 0
     with checks(comm):
-        if args.rounds < 1 or args.iters < 1 or args.ddp_steps < 0:
-            raise UsageError(f"need --rounds >= 1, -n >= 1 and --ddp-steps >= 0, got "
-                             f"--rounds {args.rounds} -n {args.iters} --ddp-steps "
-                             f"{args.ddp_steps}")
+        if args.rounds < 1 or args.iters < 1 or args.train_steps < 0:
+            raise UsageError(f"need --rounds >= 1, -n >= 1 and --train-steps >= 0, got "
+                             f"--rounds {args.rounds} -n {args.iters} --train-steps "
+                             f"{args.train_steps}")
         if against not in ("none", AGAINST[args.device]):
             raise UsageError(f"--against {against} does not take {args.device} tensors: use "
                              f"--against {AGAINST[args.device]} (or none) with --device "
@@ -259,22 +270,28 @@ def _row(collective, nbytes, backend, seconds, size, wrong):
             "busbw_GBs": algbw * bus_factor(collective, size), "wrong": int(wrong)}
 
 
-def _ddp_rows(args, comm, groups, size, device):
+def _training_rows(args, comm, groups, size, device):
+    """Each wrapper's throughput over each group: rounds alternated between the groups,
+    the median round (collective)."""
     backends = tuple(groups)
-    makers = {name: ddp_step_maker(group, args.ddp_steps, device)
-              for name, group in groups.items()}
-    for name in backends:
-        makers[name]()                  # warm-up: DDP rebuilds its buckets after a step
-    seconds = {}
-    for round_ in range(args.rounds):
-        for name in (backends if round_ % 2 == 0 else backends[::-1]):
-            seconds.setdefault(name, []).append(timed(comm, makers[name], 1, device))
-    return [{"backend": name, "steps": args.ddp_steps, "rows_per_rank": 32,
-             "samples_per_s": size * 32 * args.ddp_steps / statistics.median(seconds[name])}
-            for name in backends]
+    rows = []
+    for wrapper in WRAPPERS:
+        makers = {name: step_maker(wrapper, group, args.train_steps, device)
+                  for name, group in groups.items()}
+        for name in backends:
+            makers[name]()              # warm-up: DDP rebuilds its buckets after a step
+        seconds = {}
+        for round_ in range(args.rounds):
+            for name in (backends if round_ % 2 == 0 else backends[::-1]):
+                seconds.setdefault(name, []).append(timed(comm, makers[name], 1, device))
+        rows += [{"wrapper": wrapper, "backend": name, "steps": args.train_steps,
+                  "rows_per_rank": 32,
+                  "samples_per_s": size * 32 * args.train_steps / statistics.median(seconds[name])}
+                 for name in backends]
+    return rows
 
 
-def _print(lines, rows, ddp):
+def _print(lines, rows, training):
     print("\n".join(lines))
     print(f"# {'collective':>24} {'size':>8} {'backend':>9} {'time(us)':>11} "
           f"{'algbw(GB/s)':>12} {'busbw(GB/s)':>12} {'#wrong':>7}")
@@ -282,7 +299,7 @@ def _print(lines, rows, ddp):
         print(f"  {r['collective']:>24} {format_size(r['bytes']):>8} {r['backend']:>9} "
               f"{r['time_us']:11.1f} {r['algbw_GBs']:12.3f} {r['busbw_GBs']:12.3f} "
               f"{r['wrong']:7d}")
-    for r in ddp:
-        print(f"# DDP {r['backend']:>9}: {r['samples_per_s']:9.1f} samples/s "
+    for r in training:
+        print(f"# {r['wrapper']:>5} {r['backend']:>9}: {r['samples_per_s']:9.1f} samples/s "
               f"({r['rows_per_rank']} rows per rank, {r['steps']} steps per round)")
     print(f"# wrong results: {sum(r['wrong'] for r in rows)}", flush=True)
