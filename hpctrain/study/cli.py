@@ -29,7 +29,17 @@ def add_parser(subparsers):
         description="Run as ONE process (not under mpirun): the study launches the benchmarks "
                     "itself, once per rank count.")
     kinds = parser.add_subparsers(dest="study", required=True, metavar="STUDY")
+    _add_allreduce(kinds)
+    _add_train(kinds)
+    _add_plan(kinds)
+    _add_calibrate(kinds)
+    _add_fattree(kinds)
+    _add_predict(kinds)
+    return parser
 
+
+def _add_allreduce(kinds):
+    """``study allreduce``'s options."""
     allreduce = kinds.add_parser(
         "allreduce", help="ranks x algorithms x sizes, model fit, plots and a report",
         description="Runs bench p2p at 2 ranks and bench allreduce at each --np, fits α, β, γ, "
@@ -53,6 +63,9 @@ def add_parser(subparsers):
     _add_launch_options(allreduce, os.path.join("runs", "study-allreduce"))
     allreduce.set_defaults(func=_run_allreduce)
 
+
+def _add_train(kinds):
+    """``study train``'s options."""
     train = kinds.add_parser(
         "train", help="training samples/s and weak- or strong-scaling efficiency per "
                      "algorithm, vs DDP",
@@ -96,6 +109,9 @@ def add_parser(subparsers):
     _add_launch_options(train, os.path.join("runs", "study-train"))
     train.set_defaults(func=_run_train)
 
+
+def _add_plan(kinds):
+    """``study plan``'s options."""
     planner = kinds.add_parser(
         "plan", help="predict a training step at scale: compute, exposed communication, "
                      "samples/s and efficiency per algorithm and gradient policy",
@@ -112,86 +128,10 @@ def add_parser(subparsers):
                "  python -m hpctrain study plan --horovod-benchmark    # against published runs\n"
                "  python -m hpctrain study plan --against runs/train-weak,runs/train-strong \\\n"
                "      --params runs/study-vcluster/params.json        # against measured training")
-    planner.add_argument("--model", help="resnet50, resnet101, vgg16, inception_v3, "
-                                         "hpctrain's mlp, cnn, wide (with --input), or "
-                                         "package.module:factory (with --input)")
-    planner.add_argument("--input", metavar="C,H,W", help="one sample's shape, for a factory")
-    planner.add_argument("--batch", type=int, default=64, help="batch per rank (default: 64)")
-    planner.add_argument("--samples-per-s", metavar="VALUE[:LOW:HIGH]",
-                         help="one device's training samples/s at --batch (a range widens "
-                              "the band: a faster device hides less)")
-    planner.add_argument("--measure-compute", action="store_true",
-                         help="instead of --samples-per-s: time forward and backward of the "
-                              "model at --batch here, each layer's gradient as backward hands "
-                              "it over, the steps' spread, and backward's slowdown with a "
-                              "reduction beside it")
-    planner.add_argument("--measure-steps", type=int, default=3,
-                         help="timed steps for --measure-compute, after one warm-up "
-                              "(default: 3)")
-    planner.add_argument("--ranks", type=int, default=512,
-                         help="the largest rank count (default: 512, at most 4096)")
-    planner.add_argument("--ranks-per-node", type=int, default=None,
-                         help="ranks (GPUs) per node (default: 8; with --against, the "
-                              "fit's --ranks-per-node)")
-    planner.add_argument("--intra", default="nvlink-v100",
-                         help="link inside a node: a preset (nvlink-p100, nvlink-v100, "
-                              "nvlink-a100, nvlink-h100, pcie3, pcie4, pcie5) or RATE[,LATENCY], "
-                              "e.g. 200GB/s,2us (default: nvlink-v100)")
-    planner.add_argument("--inter", default="ib-edr",
-                         help="link between nodes: a preset (10gbe, 25gbe, 40gbe, 50gbe, 100gbe, "
-                              "200gbe, 400gbe, ib-edr, ib-hdr, ib-ndr) or RATE[,LATENCY], e.g. "
-                              "50gbit,5us (default: ib-edr)")
-    planner.add_argument("--adapters", type=int, default=1,
-                         help="network adapters per node (default: 1)")
-    planner.add_argument("--link-efficiency", type=float, default=1.0,
-                         help="share of the links' practical busbw reached (default: 1.0)")
-    planner.add_argument("--reduce-rate", type=float, default=100.0,
-                         help="GB/s one rank sums gradients at (default: 100)")
-    planner.add_argument("--spread", metavar="VALUE[:LOW:HIGH]",
-                         help="stragglers: one rank's step time, standard deviation over mean "
-                              "(e.g. 0.02:0.01:0.04; default: measured by --measure-compute, "
-                              "else none)")
-    planner.add_argument("--slowdown", metavar="VALUE[:LOW:HIGH]",
-                         help="backward's slowdown factor while a reduction runs beside it, "
-                              ">= 1 (e.g. 1.05:1:1.1; default: measured by --measure-compute, "
-                              "else 1)")
-    planner.add_argument("--update-ms", metavar="VALUE[:LOW:HIGH]",
-                         help="tail: the update of all parameters, charged for the gradients "
-                              "reduced after backward, where one rank updates during backward "
-                              "(default: 0)")
-    planner.add_argument("--negotiation-us", metavar="VALUE[:LOW:HIGH]",
-                         help="µs to agree on one tensor per cycle (default: 0; Horovod "
-                              "measured here: 10:7:33)")
-    planner.add_argument("--negotiation-rank-us", metavar="VALUE[:LOW:HIGH]",
-                         help="µs more per tensor and per rank, for a coordinator that "
-                              "gathers every rank's requests (default: 0)")
-    planner.add_argument("--measured-efficiency", metavar="P=VALUE[:LOW:HIGH]",
-                         help="an efficiency measured at P ranks (a smaller run of the same "
-                              "model, cluster, first --algos and --policies): what the terms "
-                              "do not explain there is carried to every p as a residual "
-                              "(e.g. 16=0.94:0.93:0.95)")
-    planner.add_argument("--defaults", metavar="TOML",
-                         help="the default range and source of every term not given "
-                              "(default: hpctrain/study/data/defaults.toml)")
-    planner.add_argument("--band", action="store_true",
-                         help="each efficiency with a low and a high from the inputs' ranges "
-                              "(presets' busbw, VALUE:LOW:HIGH figures, measured spreads)")
-    planner.add_argument("--global-batch", type=int, metavar="B",
-                         help="strong scaling too: B split from --batch per rank down to 1 "
-                              "(e.g. 1024 with --batch 64: 16 x 64 ... 1024 x 1)")
-    planner.add_argument("--params", help="a params.json from study allreduce, instead of links")
-    planner.add_argument("--algos", default="ring,hierarchical",
-                         help="allreduce algorithms of the cost model (default: "
-                              "ring,hierarchical)")
-    planner.add_argument("--policies", default="hpctrain,ddp,horovod",
-                         help="gradient policies (default: hpctrain,ddp,horovod)")
-    planner.add_argument("--bucket-mb", default="4,25",
-                         help="hpctrain's bucket sizes to compare (default: 4,25)")
-    planner.add_argument("--fusion-mb", type=float, default=64.0,
-                         help="Horovod's fusion buffer (default: 64, its size in 2017)")
-    planner.add_argument("--cycle-ms", type=float, default=None,
-                         help="Horovod's cycle time (default: 1, today's; with "
-                              "--horovod-benchmark 5, the 2017 loop's sleep)")
+    _plan_model_options(planner.add_argument_group("the model and one device's compute"))
+    _plan_cluster_options(planner.add_argument_group("the cluster: ranks and links"))
+    _plan_terms_options(planner.add_argument_group("the terms besides compute and communication, and the band"))
+    _plan_reduction_options(planner.add_argument_group("how gradients are reduced"))
     planner.add_argument("--against", action="append", default=[], metavar="TRAIN_DIR",
                          help="predict every point a `study train` measured (its --out "
                               "folder; repeatable or comma-separated) from its p = 1 point, "
@@ -203,6 +143,104 @@ def add_parser(subparsers):
                               "(with --against: against.md, against.json)")
     planner.set_defaults(func=_run_plan)
 
+
+def _plan_model_options(group):
+    """``study plan``'s options: the model and one device's compute."""
+    group.add_argument("--model", help="resnet50, resnet101, vgg16, inception_v3, "
+                                       "hpctrain's mlp, cnn, wide (with --input), or "
+                                       "package.module:factory (with --input)")
+    group.add_argument("--input", metavar="C,H,W", help="one sample's shape, for a factory")
+    group.add_argument("--batch", type=int, default=64, help="batch per rank (default: 64)")
+    group.add_argument("--samples-per-s", metavar="VALUE[:LOW:HIGH]",
+                       help="one device's training samples/s at --batch (a range widens "
+                            "the band: a faster device hides less)")
+    group.add_argument("--measure-compute", action="store_true",
+                       help="instead of --samples-per-s: time forward and backward of the "
+                            "model at --batch here, each layer's gradient as backward hands "
+                            "it over, the steps' spread, and backward's slowdown with a "
+                            "reduction beside it")
+    group.add_argument("--measure-steps", type=int, default=3,
+                       help="timed steps for --measure-compute, after one warm-up "
+                            "(default: 3)")
+
+
+def _plan_cluster_options(group):
+    """``study plan``'s options: the cluster: ranks and links."""
+    group.add_argument("--ranks", type=int, default=512,
+                       help="the largest rank count (default: 512, at most 4096)")
+    group.add_argument("--ranks-per-node", type=int, default=None,
+                       help="ranks (GPUs) per node (default: 8; with --against, the "
+                            "fit's --ranks-per-node)")
+    group.add_argument("--intra", default="nvlink-v100",
+                       help="link inside a node: a preset (nvlink-p100, nvlink-v100, "
+                            "nvlink-a100, nvlink-h100, pcie3, pcie4, pcie5) or RATE[,LATENCY], "
+                            "e.g. 200GB/s,2us (default: nvlink-v100)")
+    group.add_argument("--inter", default="ib-edr",
+                       help="link between nodes: a preset (10gbe, 25gbe, 40gbe, 50gbe, 100gbe, "
+                            "200gbe, 400gbe, ib-edr, ib-hdr, ib-ndr) or RATE[,LATENCY], e.g. "
+                            "50gbit,5us (default: ib-edr)")
+    group.add_argument("--adapters", type=int, default=1,
+                       help="network adapters per node (default: 1)")
+    group.add_argument("--link-efficiency", type=float, default=1.0,
+                       help="share of the links' practical busbw reached (default: 1.0)")
+    group.add_argument("--reduce-rate", type=float, default=100.0,
+                       help="GB/s one rank sums gradients at (default: 100)")
+
+
+def _plan_terms_options(group):
+    """``study plan``'s options: the terms besides compute and communication, and the band."""
+    group.add_argument("--spread", metavar="VALUE[:LOW:HIGH]",
+                       help="stragglers: one rank's step time, standard deviation over mean "
+                            "(e.g. 0.02:0.01:0.04; default: measured by --measure-compute, "
+                            "else none)")
+    group.add_argument("--slowdown", metavar="VALUE[:LOW:HIGH]",
+                       help="backward's slowdown factor while a reduction runs beside it, "
+                            ">= 1 (e.g. 1.05:1:1.1; default: measured by --measure-compute, "
+                            "else 1)")
+    group.add_argument("--update-ms", metavar="VALUE[:LOW:HIGH]",
+                       help="tail: the update of all parameters, charged for the gradients "
+                            "reduced after backward, where one rank updates during backward "
+                            "(default: 0)")
+    group.add_argument("--negotiation-us", metavar="VALUE[:LOW:HIGH]",
+                       help="µs to agree on one tensor per cycle (default: 0; Horovod "
+                            "measured here: 10:7:33)")
+    group.add_argument("--negotiation-rank-us", metavar="VALUE[:LOW:HIGH]",
+                       help="µs more per tensor and per rank, for a coordinator that "
+                            "gathers every rank's requests (default: 0)")
+    group.add_argument("--measured-efficiency", metavar="P=VALUE[:LOW:HIGH]",
+                       help="an efficiency measured at P ranks (a smaller run of the same "
+                            "model, cluster, first --algos and --policies): what the terms "
+                            "do not explain there is carried to every p as a residual "
+                            "(e.g. 16=0.94:0.93:0.95)")
+    group.add_argument("--defaults", metavar="TOML",
+                       help="the default range and source of every term not given "
+                            "(default: hpctrain/study/data/defaults.toml)")
+    group.add_argument("--band", action="store_true",
+                       help="each efficiency with a low and a high from the inputs' ranges "
+                            "(presets' busbw, VALUE:LOW:HIGH figures, measured spreads)")
+    group.add_argument("--global-batch", type=int, metavar="B",
+                       help="strong scaling too: B split from --batch per rank down to 1 "
+                            "(e.g. 1024 with --batch 64: 16 x 64 ... 1024 x 1)")
+
+
+def _plan_reduction_options(group):
+    """``study plan``'s options: how gradients are reduced."""
+    group.add_argument("--params", help="a params.json from study allreduce, instead of links")
+    group.add_argument("--algos", default="ring,hierarchical",
+                       help="allreduce algorithms of the cost model (default: "
+                            "ring,hierarchical)")
+    group.add_argument("--policies", default="hpctrain,ddp,horovod",
+                       help="gradient policies (default: hpctrain,ddp,horovod)")
+    group.add_argument("--bucket-mb", default="4,25",
+                       help="hpctrain's bucket sizes to compare (default: 4,25)")
+    group.add_argument("--fusion-mb", type=float, default=64.0,
+                       help="Horovod's fusion buffer (default: 64, its size in 2017)")
+    group.add_argument("--cycle-ms", type=float, default=None,
+                       help="Horovod's cycle time (default: 1, today's; with "
+                            "--horovod-benchmark 5, the 2017 loop's sleep)")
+
+def _add_calibrate(kinds):
+    """``study calibrate``'s options."""
     calibrate = kinds.add_parser(
         "calibrate", help="the plan, given only a planning user's inputs, against published "
                           "whole runs: a tuning set and two held-out sets",
@@ -234,6 +272,9 @@ def add_parser(subparsers):
                            help="folder for calibration.md and calibration.json")
     calibrate.set_defaults(func=_run_calibrate)
 
+
+def _add_fattree(kinds):
+    """``study fattree``'s options."""
     fattree = kinds.add_parser(
         "fattree", help="the allreduce's closed form against a SimGrid simulation of a fat "
                         "tree with oversubscribed uplinks",
@@ -274,6 +315,9 @@ def add_parser(subparsers):
                          help="folder for summary.md and fattree.json")
     fattree.set_defaults(func=_run_fattree)
 
+
+def _add_predict(kinds):
+    """``study predict``'s options."""
     predict = kinds.add_parser(
         "predict", help="predicted time and busbw per algorithm for p <= 4096, n <= 1 GiB",
         description="From a study's fitted parameters (--params) or from a link's figures "
@@ -292,8 +336,6 @@ def add_parser(subparsers):
     predict.add_argument("--out", default=os.path.join("runs", "predict"),
                          help="folder for prediction.png and prediction.md")
     predict.set_defaults(func=_run_predict)
-    return parser
-
 
 def _add_launch_options(parser, out):
     # What every study that launches MPI jobs takes: how to launch, how long, where to write.
