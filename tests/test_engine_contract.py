@@ -16,6 +16,7 @@ import pytest
 from mpi4py import MPI
 
 from hpctrain.torch.engine import Engine, HorovodInternalError, Request
+from hpctrain.torch.ops.common import signature
 
 
 @pytest.fixture
@@ -44,7 +45,7 @@ def test_a_request_submitted_while_the_engine_ends_fails_instead_of_waiting(engi
                 go.wait(10)
             return (self.set_id, self.name)
 
-    request = PausedAfterTheCheck(0, "late", ("allreduce",), "late", echo)
+    request = PausedAfterTheCheck(0, "late", signature("allreduce"), "late", echo)
     outcome = {}
 
     def submit():
@@ -70,7 +71,7 @@ def test_a_request_submitted_while_the_engine_ends_fails_instead_of_waiting(engi
 def test_after_the_end_every_request_is_refused_at_once(engine):
     engine.close()
     with pytest.raises(HorovodInternalError, match="shut down"):
-        engine.submit(Request(0, "after", ("allreduce",), "after", echo))
+        engine.submit(Request(0, "after", signature("allreduce"), "after", echo))
     with pytest.raises(HorovodInternalError, match="shut down"):
         engine.join()
 
@@ -103,10 +104,10 @@ class ThreadNotingTimeline:
 def test_the_timeline_is_swapped_and_written_on_the_communication_thread_only(engine):
     first, second = ThreadNotingTimeline(), ThreadNotingTimeline()
     engine.set_timeline(first)
-    assert engine.submit(Request(0, "one", ("allreduce",), "one", echo)).wait() == "ran"
+    assert engine.submit(Request(0, "one", signature("allreduce"), "one", echo)).wait() == "ran"
     engine.set_timeline(second)             # returns once the first is closed
     assert first.calls[-1][0] == "close"
-    assert engine.submit(Request(0, "two", ("allreduce",), "two", echo)).wait() == "ran"
+    assert engine.submit(Request(0, "two", signature("allreduce"), "two", echo)).wait() == "ran"
     engine.set_timeline(None)
     for timeline in (first, second):
         kinds = [what for what, _ in timeline.calls]

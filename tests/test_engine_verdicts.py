@@ -9,13 +9,14 @@ check the same end to end.
 from types import SimpleNamespace
 
 from hpctrain.torch.engine import Failed, StallInspector
+from hpctrain.torch.ops.common import signature
 from hpctrain.torch.settings import Settings
 
 
 def entry(first, asked, timeout):
     """A table entry as the engine's (what ``expired`` reads of one)."""
     return SimpleNamespace(first=first, timeout=timeout,
-                           signatures={rank: ("barrier",) for rank in asked},
+                           signatures={rank: signature("barrier") for rank in asked},
                            describes={rank: "barrier(name='noname.3': )" for rank in asked})
 
 

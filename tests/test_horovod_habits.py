@@ -14,6 +14,7 @@ from conftest import launch
 from hpctrain.errors import UsageError
 from hpctrain.torch import settings
 from hpctrain.torch.engine import StallInspector
+from hpctrain.torch.ops.common import signature
 
 PROGRAM = "tests/programs/horovod_habits.py"
 TIMEOUT = 120  # s: a launch takes 5-15 s here
@@ -91,7 +92,7 @@ class _Waiting:
     """A table entry first seen at rank 0's clock ``first``."""
 
     def __init__(self, first):
-        self.first, self.signatures = first, {0: ("allreduce",)}
+        self.first, self.signatures = first, {0: signature("allreduce")}
 
 
 def test_the_stall_shutdown_is_decided_from_rank_0s_clock_alike_everywhere():

@@ -20,8 +20,8 @@ import torch
 
 from .basics import world
 from ..errors import UsageError
-from .ops.allreduce import bucket_signature, reduce_flat
-from .ops.common import Average, object_call, resolve_op, submit
+from .ops.allreduce import reduce_flat
+from .ops.common import Average, object_call, resolve_op, signature, submit
 from .process_sets import global_process_set
 
 
@@ -171,7 +171,6 @@ class CommHook:
 
         w = self.world
         name = w.next_name(0, "ddp.bucket")
-        signature = bucket_signature(tensor.numel(), tensor.dtype, tensor.device, self.op)
-        submit(w, global_process_set, name, signature,
+        submit(w, global_process_set, name, signature("allreduce", [tensor], self.op),
                f"DDP bucket {name} of {tensor.numel()} elements", run)
         return future

@@ -51,13 +51,16 @@ The parts, and which thread may touch what:
 - :class:`Pending` — this rank's operations between ``submit`` and their run: the callers'
   threads add to it (under its lock, which also orders them against the end), the
   communication thread takes, pops and ends it;
+- :class:`Signature` — what every rank of an operation must pass alike, built on the
+  callers' threads (by :func:`hpctrain.torch.ops.common.signature`) and immutable, so that
+  the communication thread may compare, hash and pickle it;
 - the wire messages (:class:`OpAsked`, :class:`CachedAsked`, :class:`JoinAsked`,
   :class:`ShutdownAsked`) — what a rank tells the others in a negotiation; built and read on
   the communication thread only;
 - the negotiation (:meth:`Engine._exchange`, :meth:`Engine._merge`) and the table of
   operations — communication thread only;
-- :class:`ResponseCache` — the numbered operations, the same on every rank; communication
-  thread only;
+- :class:`ResponseCache` — the numbered operations (each a :class:`Response`), the same on
+  every rank; communication thread only;
 - :class:`StallInspector` — the warning on rank 0 about operations some ranks never ask for,
   and the verdicts every rank reaches alike (a deadlock, a timeout); communication thread
   only;
@@ -187,10 +190,40 @@ class Handle:
         self.done.set()
 
 
+@dataclass(frozen=True, slots=True)
+class Signature:
+    """What every rank must pass identically for one operation: compared across ranks,
+    after travelling pickled in a negotiation, so it is immutable, hashable and compared by
+    value. Built by :func:`hpctrain.torch.ops.common.signature` (:data:`INVALID` aside).
+
+    ``kind``: the operation (``"allreduce"``, ``"barrier"``, ...), which names its timeline
+    phases and picks a joined rank's part (``Engine.joined_runs``); ``shapes``, ``dtypes``,
+    ``devices``: one per tensor (``"float32"``, ``"cpu"``; an allgather's and an alltoall's
+    shapes without their first dimension, which may differ by rank); ``op``, ``prescale``,
+    ``postscale``: a reduction's; ``extra``: whatever else the ranks must agree on (a root,
+    a bucket's parameter names, a group's ranks).
+    """
+
+    kind: str
+    shapes: tuple = ()
+    dtypes: tuple = ()
+    devices: tuple = ()
+    op: object = None
+    prescale: float = 1.0
+    postscale: float = 1.0
+    extra: tuple = ()
+
+
+#: The signature of a request whose arguments were bad on its rank: its operation fails on
+#: every rank that asked, whatever the others passed.
+INVALID = Signature("invalid")
+
+
 class Request:
     """This rank's side of one operation.
 
-    ``signature``: what every rank must pass identically (compared across ranks);
+    ``signature``: a :class:`Signature`, what every rank must pass identically (compared
+    across ranks);
     ``info``: what may differ and the others need (an allgather's first dimension, an
     alltoall's splits); ``describe``: the call in words, for error messages; ``run(comm,
     infos)``: the data phase on the communication thread, over the process set's
@@ -222,16 +255,13 @@ class Request:
         return (self.set_id, self.name)
 
 
-INVALID = ("invalid",)
-
-
 def _ranks(ranks):
     return ", ".join(map(str, sorted(ranks)))
 
 
 def _label(name, signature):
     """How the timeline shows an operation: named by its kind, as Horovod's."""
-    return f"{signature[0]}.{name}" if unique(name) else name
+    return f"{signature.kind}.{name}" if unique(name) else name
 
 
 def unique(name):
@@ -261,7 +291,7 @@ class OpAsked:
 
     set_id: int
     name: str
-    signature: tuple
+    signature: Signature
     info: object
     describe: str
     repeats: bool
@@ -329,7 +359,7 @@ class Pending:
                 raise self.failure(self.ended)
             key = request.key
             if key in self._mine:
-                raise ValueError(f"Requested to {request.signature[0]} a tensor with the "
+                raise ValueError(f"Requested to {request.signature.kind} a tensor with the "
                                  f"same name as another tensor that is currently being "
                                  f"processed: {request.name!r}. Names in flight must be "
                                  f"unique.")
@@ -378,30 +408,40 @@ class Pending:
                 item.value.close()
 
 
+@dataclass(frozen=True, slots=True)
+class Response:
+    """A numbered operation of the :class:`ResponseCache`, the same on every rank: what a
+    rank that announces ``number`` asks for (``describes``: each rank's call in words, for
+    a mismatch's message)."""
+
+    number: int
+    key: tuple
+    signature: Signature
+    describes: dict
+
+
 class ResponseCache:
     """Operations asked for again and again, numbered alike on every rank (see the module
     docstring). Communication thread only: filled and read from what every rank gathered."""
 
     def __init__(self, capacity):
         self.capacity = capacity        # operations it numbers at most (0: none)
-        self._entries = {}              # key -> (number, signature, describes by rank)
+        self._responses = {}            # key -> Response
         self.numbered = []              # the keys by number
 
     def __contains__(self, key):
-        return key in self._entries
+        return key in self._responses
 
     def number_of(self, request):
         """The number that announces ``request`` (``None``: send it whole)."""
-        entry = self._entries.get(request.key) if request.repeats else None
-        if entry is not None and entry[1] == request.signature:
-            return entry[0]
+        response = self._responses.get(request.key) if request.repeats else None
+        if response is not None and response.signature == request.signature:
+            return response.number
         return None
 
-    def asked(self, number, rank):
-        """What rank ``rank`` asked for by ``number``: ``(key, signature, describe)``."""
-        key = self.numbered[number]
-        _, signature, describes = self._entries[key]
-        return key, signature, describes.get(rank)
+    def asked(self, number):
+        """The :class:`Response` that a rank announces by ``number``."""
+        return self._responses[self.numbered[number]]
 
     def words(self):
         """How many 64-bit words announce the numbered operations."""
@@ -410,10 +450,11 @@ class ResponseCache:
     def remember(self, key, entry, signature, joined):
         """Number an operation that is about to run and will repeat (the same decision on
         every rank: it rests only on what every rank gathered)."""
-        if not entry.repeats or joined or key in self._entries or \
+        if not entry.repeats or joined or key in self._responses or \
                 len(self.numbered) >= self.capacity:
             return
-        self._entries[key] = (len(self.numbered), signature, dict(entry.describes))
+        self._responses[key] = Response(len(self.numbered), key, signature,
+                                        dict(entry.describes))
         self.numbered.append(key)
 
 
@@ -593,7 +634,7 @@ class Engine:
         self.comm, self.rank, self.size = comm, comm.Get_rank(), comm.Get_size()
         self.settings = Settings() if settings is None else settings
         self.sets = sets
-        self.joined_runs = joined_runs      # kind -> run(comm, signature) for a joined rank
+        self.joined_runs = joined_runs      # kind -> run(comm, signature): a joined rank's part
         self.revoke = revoke                # revoke() every communicator, after a death
         self.timeline = None                # swapped by set_timeline, on this thread
         self._timeline_lock = threading.Lock()   # a swap after the end races the thread's last
@@ -749,7 +790,7 @@ class Engine:
                 continue
             if self.timeline is not None:
                 self.timeline.begin(_label(item.name, item.signature),
-                                    f"NEGOTIATE_{item.signature[0].upper()}")
+                                    f"NEGOTIATE_{item.signature.kind.upper()}")
             number = self.cache.number_of(item)
             if number is not None:
                 bits.append(number)
@@ -848,8 +889,9 @@ class Engine:
         for rank, messages in enumerate(gathered):
             for message in messages:
                 if isinstance(message, CachedAsked):
-                    key, signature, describe = self.cache.asked(message.number, rank)
-                    self._add(key, rank, signature, None, describe, True)
+                    response = self.cache.asked(message.number)
+                    self._add(response.key, rank, response.signature, None,
+                              response.describes.get(rank), True)
                 elif isinstance(message, OpAsked):
                     self._add(message.key, rank, message.signature, message.info,
                               message.describe, message.repeats, message.timeout)
@@ -918,9 +960,9 @@ class Engine:
                 "pass the same shape, dtype, op and root for one name): " +
                 "; ".join(f"rank {r}: {d}" for r, d in sorted(entry.describes.items()))))
             return
-        if joined and signature[0] not in self.joined_runs:
+        if joined and signature.kind not in self.joined_runs:
             self._fail_entry(key, entry, (
-                f"{signature[0]} cannot run while rank(s) {_ranks(joined)} have joined "
+                f"{signature.kind} cannot run while rank(s) {_ranks(joined)} have joined "
                 f"(hvd.join): only allreduce takes joined ranks' zeros"))
             return
         self.cache.remember(key, entry, signature, joined)
@@ -933,10 +975,10 @@ class Engine:
             label = _label(key[1], signature)
             if timeline is not None:
                 if request is not None:
-                    timeline.end(label, f"NEGOTIATE_{signature[0].upper()}")
-                timeline.begin(label, signature[0].upper())
+                    timeline.end(label, f"NEGOTIATE_{signature.kind.upper()}")
+                timeline.begin(label, signature.kind.upper())
             if request is None:
-                self.joined_runs[signature[0]](comm, signature)
+                self.joined_runs[signature.kind](comm, signature)
             else:
                 request.handle.finish(request.run(comm, [entry.infos.get(r)
                                                          for r in members]))
@@ -949,7 +991,7 @@ class Engine:
             request.handle.finish(error=exc)
         finally:
             if timeline is not None:
-                timeline.end(label, signature[0].upper())
+                timeline.end(label, signature.kind.upper())
 
     def _fail_entry(self, key, entry, why):
         self._table.pop(key, None)

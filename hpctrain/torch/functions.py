@@ -8,8 +8,8 @@ import zlib
 import torch
 
 from .ops.broadcast import bcast_tensors, broadcast_object, set_root
-from .ops.common import (check_tensor, describe_tensors, dtype_name, start, submit,
-                         synchronize)
+from .ops.common import (check_tensor, describe_tensors, dtype_name, signature, start,
+                         submit, synchronize)
 from .process_sets import global_process_set
 
 
@@ -44,14 +44,17 @@ def broadcast_parameters(params, root_rank, process_set=global_process_set):
     w, pset, name, root = start("broadcast_parameters", None, process_set, check)
     algo = w.algorithm_for("broadcast")
     layout = ";".join(f"{n}:{tuple(t.shape)}:{dtype_name(t)}" for n, t in pairs)
-    signature = ("broadcast_parameters", len(pairs), zlib.crc32(layout.encode()), root_rank)
+    # The layout's checksum, not every shape: a model's hundreds of tensors would not fit in
+    # a negotiation's first gather.
+    agreed = signature("broadcast_parameters",
+                       extra=(len(pairs), zlib.crc32(layout.encode()), root_rank))
 
     def run(comm, infos):
         with torch.no_grad():
             bcast_tensors(comm, tensors, root, algo)
         return None, None
 
-    synchronize(submit(w, pset, name, signature,
+    synchronize(submit(w, pset, name, agreed,
                        describe_tensors(f"broadcast_parameters of {len(pairs)} tensors", name,
                                         tensors[:3], root_rank=root_rank), run))
 

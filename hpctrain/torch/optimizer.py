@@ -36,9 +36,9 @@ from .basics import world
 from .. import faults
 from ..runtime import launcher_rank
 from .compression import Compression
-from .ops.allreduce import bucket_signature, reduce_flat
-from .ops.common import Average, Sum, caller_event, member_set, resolve_op, submit, \
-    wait_event
+from .ops.allreduce import reduce_flat
+from .ops.common import Average, Sum, caller_event, dtype_name, member_set, resolve_op, \
+    signature, submit, wait_event
 from .ops.sparse import sparse_allreduce_async
 from .process_sets import global_process_set
 from .reducer import BucketReducer
@@ -119,11 +119,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # The parameter names are part of what must match: equal layouts make every rank's
         # bucket collectives match.
         names = zlib.crc32("\n".join(bucket.names).encode())
-        signature = bucket_signature(flat.numel(), wire.dtype, flat.device, op, prescale,
-                                     postscale, names, self._passes)
+        # The dtype it travels in (a joined rank's zeros take it), not the buffer's.
+        agreed = signature("allreduce", [flat], op, prescale, postscale, (names, self._passes),
+                           dtypes=[dtype_name(wire)])
         describe = (f"DistributedOptimizer bucket {bucket.index} ({flat.numel()} elements of "
                     f"{', '.join(bucket.names[:3])}{', ...' if len(bucket.names) > 3 else ''})")
-        return (f"{self._name}.bucket.{bucket.index}", signature, describe,
+        return (f"{self._name}.bucket.{bucket.index}", agreed, describe,
                 self._reduction(bucket, op, prescale, postscale))
 
     def _reduction(self, bucket, op, prescale, postscale):

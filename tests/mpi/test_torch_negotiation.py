@@ -229,8 +229,8 @@ def test_an_optimizers_buckets_are_announced_by_number_after_their_first_step(to
 def test_a_numbered_name_asked_with_another_signature_fails_every_rank(torch_algo, comm):
     several_ranks(comm, "one rank always agrees with itself")
     from hpctrain.torch.basics import world
-    from hpctrain.torch.ops.allreduce import bucket_signature, reduce_flat
-    from hpctrain.torch.ops.common import Sum, submit
+    from hpctrain.torch.ops.allreduce import reduce_flat
+    from hpctrain.torch.ops.common import Sum, signature, submit
 
     w = world()
 
@@ -239,9 +239,8 @@ def test_a_numbered_name_asked_with_another_signature_fails_every_rank(torch_alg
 
         def run(comm_, infos):
             return reduce_flat(comm_, w.algo, tensor, Sum)
-        return submit(w, hvd.global_process_set, "repeated", bucket_signature(
-            count, tensor.dtype, tensor.device, Sum), f"repeated of {count}", run,
-            repeats=True).wait()
+        return submit(w, hvd.global_process_set, "repeated", signature(
+            "allreduce", [tensor], Sum), f"repeated of {count}", run, repeats=True).wait()
 
     sums = [ask(4), ask(4)]     # the second is announced by its number
     numbered = (0, "repeated") in w.engine.cache
@@ -303,6 +302,7 @@ def test_other_collectives_fail_while_a_rank_has_joined(torch_algo, comm):
 def test_an_operation_waits_for_its_last_rank_not_for_a_cycle(comm):
     several_ranks(comm, "one rank never waits for another")
     from hpctrain.torch.engine import Engine, Request
+    from hpctrain.torch.ops.common import signature
     from hpctrain.torch.settings import Settings
 
     # An engine of its own with a 5 s cycle: an operation that waited for a cycle shows it.
@@ -311,7 +311,8 @@ def test_an_operation_waits_for_its_last_rank_not_for_a_cycle(comm):
                     settings=Settings(cycle_s=5.0))
 
     def ask(name):
-        return engine.submit(Request(0, name, ("barrier",), name, lambda c, infos: name))
+        return engine.submit(Request(0, name, signature("barrier"), name,
+                                     lambda c, infos: name))
 
     try:
         comm.Barrier()

@@ -23,8 +23,8 @@ from .reductions import (allreduce_flat, check_dtype, reduce_scatter_flat, reduc
 from .work import FutureHandle, Work, seconds
 from .. import basics
 from ..engine import Request
-from ..ops.common import (check_tensor, describe_tensors, dtype_name, on_thread, start, submit,
-                          synchronize, where)
+from ..ops.common import (check_tensor, describe_tensors, dtype_name, on_thread, signature,
+                          start, submit, synchronize)
 from ..process_sets import ProcessSet, global_process_set
 from ...errors import UsageError
 
@@ -48,11 +48,6 @@ def _tensor_list(tensors, function):
     if not tensors or not all(isinstance(t, torch.Tensor) for t in tensors):
         raise TypeError(f"{function}: expected a list of tensors, got {tensors!r}")
     return tensors
-
-
-def _signature(kind, tensors, *extra):
-    return (kind, tuple(tuple(t.shape) for t in tensors), tuple(dtype_name(t) for t in tensors),
-            tuple(where(t) for t in tensors)) + tuple(extra)
 
 
 def _root(opts, size, function):
@@ -139,7 +134,7 @@ class ProcessGroupHpctrain(dist.ProcessGroup):
         w, pset, name, (extra, info) = start(function, None, self.pset, checked)
         kind = function.split(".")[-1]
         signed = tensors if agreed is None else agreed
-        request = Request(pset.process_set_id, name, _signature(kind, signed, *extra),
+        request = Request(pset.process_set_id, name, signature(kind, signed, extra=extra),
                           describe_tensors(kind, name, tensors), on_thread(tensors, work),
                           info, timeout=self._timeout_s(opts))
         request.handle = FutureHandle(lambda result: outputs)
@@ -630,7 +625,8 @@ def make_set(w, ranks, timeout=None):
         return None, None
 
     call = start("new_group", None, global_process_set, lambda p: None)
-    synchronize(submit(w, global_process_set, call.name, ("new_group", tuple(members)),
+    synchronize(submit(w, global_process_set, call.name,
+                       signature("new_group", extra=members),
                        f"dist.new_group({members}) (every rank of the default group calls "
                        f"new_group with the same ranks, in the same order as its "
                        f"collectives)", register, timeout=timeout))

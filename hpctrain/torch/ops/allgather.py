@@ -14,8 +14,8 @@ import math
 
 import torch
 
-from .common import (Average, check_tensor, describe_tensors, dtype_name, object_call,
-                     on_thread, signature, start, submit, synchronize, where)
+from .common import (Average, check_tensor, describe_tensors, object_call, on_thread,
+                     signature, start, submit, synchronize)
 from ..process_sets import global_process_set
 
 
@@ -63,9 +63,8 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set,
         outputs = gather_into(comm, algo, tensors, infos)
         return outputs[0] if single else outputs
 
-    signature = ("allgather", tuple(dtype_name(t) for t in tensors),
-                 tuple(tuple(t.shape[1:]) for t in tensors), tuple(where(t) for t in tensors))
-    return submit(w, pset, name, signature, describe_tensors("allgather", name, tensors),
+    return submit(w, pset, name, signature("allgather", tensors, ragged=True),
+                  describe_tensors("allgather", name, tensors),
                   on_thread(tensors, work), info=[t.shape[0] for t in tensors])
 
 

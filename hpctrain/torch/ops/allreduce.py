@@ -58,20 +58,11 @@ def _adasum(comm, flat):
 def joined_allreduce(w):
     """The engine's part for a joined rank: the same allreduce, of zeros."""
     def run(comm, signature):
-        shapes, dtypes, _, op, prescale, postscale = signature[1:7]
-        for shape, dtype in zip(shapes, dtypes):
+        for shape, dtype in zip(signature.shapes, signature.dtypes):
             zeros = torch.zeros(shape, dtype=getattr(torch, dtype)).view(-1)
-            reduce_flat(comm, w.algo, zeros, op, prescale, postscale)
+            reduce_flat(comm, w.algo, zeros, signature.op, signature.prescale,
+                        signature.postscale)
     return run
-
-
-def bucket_signature(count, dtype, device, op, prescale=1.0, postscale=1.0, *extra):
-    """The signature of the allreduce of a flat buffer of ``count`` elements of torch
-    ``dtype`` on ``device`` (gradient buckets): the same fields as a tensor's, so that a
-    joined rank can take part with zeros; ``extra`` adds what else the ranks must agree on
-    (the bucket's parameter names, say)."""
-    return ("allreduce", ((count,),), (str(dtype).replace("torch.", ""),), (device.type,), op,
-            float(prescale), float(postscale)) + tuple(extra)
 
 
 def _grouped_async(tensors, outputs, average, name, op, prescale_factor, postscale_factor,

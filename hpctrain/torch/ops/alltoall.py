@@ -12,8 +12,7 @@ import math
 
 import torch
 
-from .common import (check_tensor, describe_tensors, dtype_name, on_thread, start, submit,
-                     where)
+from .common import check_tensor, describe_tensors, on_thread, signature, start, submit
 from ..process_sets import global_process_set
 
 
@@ -74,6 +73,6 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
                                  [r * width for r in received], algo=algo, comm=comm)
         return out, torch.tensor(received, dtype=torch.int32, device=splits_device)
 
-    signature = ("alltoall", dtype_name(tensor), tuple(tensor.shape[1:]), where(tensor))
-    return submit(w, pset, name, signature, describe_tensors("alltoall", name, [tensor]),
+    return submit(w, pset, name, signature("alltoall", [tensor], ragged=True),
+                  describe_tensors("alltoall", name, [tensor]),
                   on_thread([tensor], work), info=sends)

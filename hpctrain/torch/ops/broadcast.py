@@ -9,8 +9,8 @@ import pickle
 
 import torch
 
-from .common import (check_tensor, describe_tensors, dtype_name, object_call, on_thread, start,
-                     submit, synchronize, where)
+from .common import (check_tensor, describe_tensors, object_call, on_thread, signature,
+                     start, submit, synchronize)
 from ..process_sets import global_process_set
 
 
@@ -59,8 +59,7 @@ def _broadcast_async(tensor, output, root_rank, name, process_set, function):
             output.copy_(tensor.detach())
         return bcast_tensors(comm, [target], root, algo)[0]
 
-    signature = ("broadcast", tuple(tensor.shape), dtype_name(tensor), where(tensor), root_rank)
-    return submit(w, pset, name, signature,
+    return submit(w, pset, name, signature("broadcast", [tensor], extra=(root_rank,)),
                   describe_tensors("broadcast", name, [tensor], root_rank=root_rank),
                   on_thread([tensor], work))
 

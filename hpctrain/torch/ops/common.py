@@ -11,7 +11,7 @@ from typing import NamedTuple
 import torch
 
 from ..basics import world
-from ..engine import INVALID, HorovodInternalError, Request
+from ..engine import INVALID, HorovodInternalError, Request, Signature
 from ..process_sets import ProcessSet, global_process_set
 
 # Horovod's numbering of the reduction operations.
@@ -214,16 +214,25 @@ def scaled(tensor, factor):
     return tensor
 
 
-def signature(kind, tensors, op, prescale, postscale):
-    """What every rank must agree on for one operation over ``tensors`` (the mismatch check):
-    its kind, shapes, dtypes, devices, op and scale factors."""
-    return (kind, tuple(tuple(t.shape) for t in tensors), tuple(dtype_name(t) for t in tensors),
-            tuple(where(t) for t in tensors), op, float(prescale), float(postscale))
+def signature(kind, tensors=(), op=None, prescale=1.0, postscale=1.0, extra=(),
+              ragged=False, dtypes=None):
+    """The :class:`~hpctrain.torch.engine.Signature` of one operation over ``tensors``: what
+    every rank must agree on (the mismatch check). The one builder of every signature.
+
+    ``ragged``: the tensors' first dimension may differ by rank (an allgather's, an
+    alltoall's rows) and is left out of their shapes; ``dtypes``: the names of the dtypes
+    they travel in where those are not theirs (a compressed bucket's); ``extra``: whatever
+    else the ranks must agree on (a root, a bucket's parameter names)."""
+    first = 1 if ragged else 0
+    return Signature(kind, tuple(tuple(t.shape)[first:] for t in tensors),
+                     tuple(dtype_name(t) for t in tensors) if dtypes is None else tuple(dtypes),
+                     tuple(where(t) for t in tensors), op, float(prescale), float(postscale),
+                     tuple(extra))
 
 
 def object_call(kind, name, process_set, call, extra=(), check=lambda pset: None):
     """Run ``call(comm)`` (a pickled mpi4py collective) as one operation of the set, once
     ``check(process_set)`` has passed (see :func:`start`)."""
     w, pset, name, _ = start(kind, name, process_set, check)
-    return synchronize(submit(w, pset, name, (kind,) + tuple(extra), f"{kind}(name={name!r})",
-                              lambda comm, infos: (call(comm), None)))
+    return synchronize(submit(w, pset, name, signature(kind, extra=extra),
+                              f"{kind}(name={name!r})", lambda comm, infos: (call(comm), None)))

@@ -5,7 +5,7 @@ barrier of one set never waits for another set's collectives, and a set is numbe
 on every rank.
 """
 
-from .common import announce_invalid, member_set, submit, synchronize
+from .common import announce_invalid, member_set, signature, submit, synchronize
 from ..basics import world
 from ...errors import ArgumentError
 from ..process_sets import ProcessSet, global_process_set
@@ -16,7 +16,7 @@ def barrier(process_set=global_process_set):
     w = world()
     pset = member_set(w, process_set, "barrier")
     name = w.next_name(pset.process_set_id, "barrier")
-    handle = submit(w, pset, name, ("barrier",), "barrier()",
+    handle = submit(w, pset, name, signature("barrier"), "barrier()",
                     lambda comm, infos: (None, None))
     synchronize(handle)
 
@@ -79,7 +79,7 @@ def register_process_sets(w, psets):
             w.register_set(pset or ProcessSet(list(members)), list(members))
         return None, None
 
-    synchronize(submit(w, global_process_set, name, ("add_process_sets",),
+    synchronize(submit(w, global_process_set, name, signature("add_process_sets"),
                        f"add_process_set({[list(m) for m, _ in mine]})", run, info=mine))
     for index, (pset, (members, _)) in enumerate(zip(psets, mine)):
         if pset.process_set_id is None:
@@ -105,7 +105,7 @@ def remove_process_set(process_set):
                 w.unregister_set(named)
         return True, None
 
-    return synchronize(submit(w, global_process_set, name, ("remove_process_sets",),
+    return synchronize(submit(w, global_process_set, name, signature("remove_process_sets"),
                               f"remove_process_set({set_id})", run, info=set_id))
 
 
