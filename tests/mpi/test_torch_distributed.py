@@ -362,7 +362,11 @@ def test_a_collective_past_its_timeout_fails_on_every_rank(dist_algo, comm):
     failures = []
     group = dist.new_group(list(range(size)), timeout=datetime.timedelta(seconds=TIMEOUT_S))
     slow = dist.new_group(list(range(size)), timeout=datetime.timedelta(seconds=120))
-    # DDP's reducer waits on the future in C++: it must see a failed future as failed.
+    # DDP's reducer waits on the future in C++: it must see a failed future as failed. Its
+    # set-up makes collectives on the group of the short timeout: the ranks start it
+    # together, so that a rank late by more than the timeout on a busy machine (seen at a
+    # load average of 10) does not fail the set-up itself.
+    comm.Barrier()
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1),
                                                       process_group=group)
     cases = {
