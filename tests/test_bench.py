@@ -300,6 +300,10 @@ def test_bench_torch_distributed_times_hpctrain_beside_gloo_with_every_result_ex
     assert "# wrong results: 0" in result.output, result.output
     document = json.loads(out_json.read_text())
     assert document["settings"]["against"] == "gloo" and document["settings"]["device"] == "cpu"
+    # The gloo rows are gloo's: torch hands new_group(backend="gloo") to our default group,
+    # which would make an hpctrain group named gloo.
+    assert document["settings"]["served_by"] == {"hpctrain": "ProcessGroupHpctrain",
+                                                 "gloo": "ProcessGroupGloo"}
     rows = {(r["collective"], r["bytes"], r["backend"]): r for r in document["collectives"]}
     assert len(rows) == 3 * 2 * 2
     for (collective, _, _), row in rows.items():

@@ -4,8 +4,10 @@ torch's own backend for the device (gloo for CPU tensors, NCCL for CUDA ones), i
     mpirun -np 4 python -m hpctrain bench torch-distributed --rounds 5
     mpirun -np 2 python -m hpctrain bench torch-distributed --device cuda    # beside NCCL
 
-Both process groups live in every rank at once: the default group is ``hpctrain``, and the
-other is made beside it by ``new_group(backend=...)`` (:func:`init_groups`). Each round times
+Both process groups live in every rank at once: the default group is ``hpctrain``
+(``dist.init_process_group("hpctrain")``), and the other is built beside it on a store that
+the ranks meet at through MPI (:func:`peer_group`); the settings name the class that served
+each (``served_by``). Each round times
 every collective at every size on both, in alternating order (hpctrain first in even
 rounds, the other first in odd ones), so that whatever else the machine does falls on both
 alike; the table gives the median over the rounds of each rank's slowest time (on a GPU, up
@@ -51,24 +53,58 @@ def add_arguments(parser):
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
 
 
-def init_groups(comm, against, timeout_s=300):
+def init_groups(comm, against, device):
     """``{backend: group}`` (collective): the default group over ``hpctrain`` and, unless
-    ``against`` is ``none``, a group of torch's ``against`` (``gloo`` or ``nccl``) over the
-    same ranks, made by ``new_group`` as a script would make one, so that DDP, FSDP2 and
-    ``DeviceMesh`` take it. Its backend needs a store: the default group is then given one
-    that the ranks meet at through MPI (:func:`hpctrain.torch.ddp.rendezvous`), which the
-    ``hpctrain`` backend itself ignores."""
+    ``against`` is ``none``, a group of torch's ``against`` beside it (:func:`peer_group`)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("hpctrain")
+    groups = {"hpctrain": dist.group.WORLD}
+    if against != "none":
+        groups[against] = peer_group(comm, against, device)
+    return groups
+
+
+def peer_group(comm, backend, device, timeout_s=300):
+    """A process group of torch's ``backend`` (``gloo`` or ``nccl``) over ``comm``'s ranks,
+    beside the default group (collective): torch's own ``ProcessGroup`` wrapping the
+    backend's, on a store the ranks meet at through MPI, as ``init_process_group`` builds
+    one, and registered with torch's world as ``new_group`` registers its groups, so that
+    DDP, FSDP2 and ``DeviceMesh`` take it. Not ``new_group(backend=...)``: torch hands every
+    ``new_group`` to a default group that makes groups itself, as ``hpctrain``'s does."""
+    import torch
     import torch.distributed as dist
 
     from ..torch.ddp import rendezvous
 
-    if against == "none":
-        dist.init_process_group("hpctrain")
-        return {"hpctrain": dist.group.WORLD}
     store = rendezvous(comm, datetime.timedelta(seconds=timeout_s))
-    dist.init_process_group("hpctrain", store=store, rank=comm.Get_rank(),
-                            world_size=comm.Get_size())
-    return {"hpctrain": dist.group.WORLD, against: dist.new_group(backend=against)}
+    rank, size = comm.Get_rank(), comm.Get_size()
+    kind = {"gloo": dist.ProcessGroup.BackendType.GLOO,
+            "nccl": dist.ProcessGroup.BackendType.NCCL}[backend]
+    made = {"gloo": lambda s: dist.ProcessGroupGloo(s, rank, size),
+            "nccl": lambda s: dist.ProcessGroupNCCL(s, rank, size)}[backend]
+    group = dist.ProcessGroup(dist.PrefixStore("group", store), rank, size)
+    group._set_default_backend(kind)
+    group._register_backend(torch.device(device.type), kind,
+                            made(dist.PrefixStore(backend, store)))
+    name = f"hpctrain-bench-{backend}"
+    group._set_group_name(name)
+    dist.distributed_c10d._register_pg_in_world(
+        group, backend_name=backend, store=store, group_name=name, backend_config=backend,
+        rank_mapping={r: r for r in range(size)})
+    return group
+
+
+def backend_of(group, device):
+    """The class name of the backend that serves ``group`` on ``device`` (what ran): a
+    ``ProcessGroup`` of torch's names its registered backend; a Python one (ours) serves
+    itself."""
+    import torch
+
+    try:
+        return type(group._get_backend(torch.device(device.type))).__name__
+    except RuntimeError:            # no backend registered: the group is its own
+        return type(group).__name__
 
 
 def calls(group, count, size, device):
@@ -186,13 +222,14 @@ def run(args, comm):
     check_arguments(args, against, comm)
     torch.set_num_threads(1)
     device = rank_device(args.device, comm)
-    groups = init_groups(comm, against)
+    groups = init_groups(comm, against, device)
     size = comm.Get_size()
     backends = tuple(groups)
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     settings = {"ranks": size, "algorithm": algorithm(), "device": args.device,
                 "against": against, "rounds": args.rounds, "iters": args.iters,
-                "dtype": "float32", "op": "sum"}
+                "dtype": "float32", "op": "sum",
+                "served_by": {name: backend_of(group, device) for name, group in groups.items()}}
     lines = header_lines("torch-distributed", settings, comm)
     wrong = {}
     times = {}          # (collective, bytes, backend) -> seconds per call, one per round

@@ -463,6 +463,18 @@ def test_send_and_recv_past_their_timeout_fail_and_wait_takes_a_timeout(dist_alg
         dist.destroy_process_group(made)
     all_ranks(comm, not failures, failures)
 
+def test_new_group_asked_for_another_backend_says_what_it_made(dist_algo, comm):
+    if dist_algo != TORCH_ALGOS[0]:
+        pytest.skip("group making is the backend's, whatever the algorithm: one suffices")
+    with pytest.warns(UserWarning, match=r"backend='gloo'\) made an 'hpctrain' group"):
+        group = dist.new_group(backend="gloo")
+    t = torch.tensor([dist.get_rank() + 1])
+    dist.all_reduce(t, group=group)         # it works, over hpctrain
+    size = dist.get_world_size()
+    dist.destroy_process_group(group)
+    all_ranks(comm, int(t) == size * (size + 1) // 2, [f"sum {int(t)}"])
+
+
 def test_functional_collectives(dist_algo, comm):
     import torch.distributed._functional_collectives as functional
 

@@ -14,6 +14,9 @@ completed there (:mod:`.work`). ``gather`` and ``scatter`` are alltoalls in whic
 root's blocks are not empty; ``send`` and ``recv`` are MPI's own (:mod:`.p2p`).
 """
 
+import sys
+import warnings
+
 import torch
 import torch.distributed as dist
 
@@ -568,6 +571,7 @@ class ProcessGroupHpctrain(dist.ProcessGroup):
         leaves the others waiting, until the engine's deadlock verdict fails them all
         (``HPCTRAIN_DEADLOCK_S``) when that rank waits in another collective.
         """
+        _warn_other_backend(ranks)
         pset = make_set(self.world, ranks, self.timeout)
         if self.world.rank not in pset.ranks:
             return None
@@ -592,6 +596,26 @@ class ProcessGroupHpctrain(dist.ProcessGroup):
     def abort(self):
         """As :meth:`shutdown`."""
         self.shutdown()
+
+
+def _warn_other_backend(ranks):
+    """Warn where ``dist.new_group`` was asked for another backend: torch (2.13) hands every
+    ``new_group`` to a default group that makes groups itself, without the ``backend=`` it was
+    given, so a ``new_group(backend="nccl")`` would quietly be an ``hpctrain`` group that
+    torch then reports as ``nccl``. The asked backend is read from torch's caller's frame,
+    where it is there to read (nothing is said otherwise)."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_name != "_new_group_with_tag":
+        frame = frame.f_back
+    asked = None if frame is None else frame.f_locals.get("backend")
+    if asked is None or str(asked).lower() in ("hpctrain", "undefined", ""):
+        return
+    warnings.warn(f"dist.new_group({sorted(ranks)}, backend={str(asked)!r}) made an "
+                  f"'hpctrain' group, whose collectives run over MPI, not {asked}: torch "
+                  f"{torch.__version__} hands every new_group to the default group, which is "
+                  f"'hpctrain' here (dist.get_backend() will still say {str(asked)!r}). For "
+                  f"{asked}'s own collectives, start the default group with {asked}",
+                  stacklevel=4)
 
 
 #: This process's point-to-point communicator of each process set (``None`` off the set).

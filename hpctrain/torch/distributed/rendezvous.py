@@ -50,6 +50,18 @@ class MPIWorldStore(dist.Store):
     set = get = add = wait = check = compare_set = delete_key = num_keys = _refuse
     append = multi_get = multi_set = queue_push = queue_pop = queue_len = _refuse
 
+    def clone(self):
+        """Itself (NCCL's monitoring thread clones the store it was given)."""
+        return self
+
+
+#: Every :class:`MPIWorldStore` handed to torch, kept alive for the process: torch holds
+#: them from C++ only (its ``PrefixStore``), and a Python store whose Python object has been
+#: collected no longer answers C++ with its own methods (``set`` then fails with torch's
+#: ``INTERNAL ASSERT FAILED ... Not implemented``, as ``new_group(backend="nccl")`` did,
+#: instead of saying what to set).
+HANDED_OUT = []
+
 
 def world_from_mpi(given):
     """``(rank, size)`` of ``COMM_WORLD``, with MPI started if it was not; a
@@ -130,7 +142,8 @@ def env_rendezvous(url, timeout=None, **kwargs):
              (("rank", "RANK"), ("world_size", "WORLD_SIZE")) if os.environ.get(variable)}
     given.update(parse_qsl(urlparse(url).query))
     rank, size = world_from_mpi(given)
-    yield MPIWorldStore(), rank, size
+    HANDED_OUT.append(MPIWorldStore())
+    yield HANDED_OUT[-1], rank, size
     raise RuntimeError("hpctrain's MPI rendezvous cannot be repeated (a world has one size)")
 
 
