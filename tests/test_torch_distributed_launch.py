@@ -10,6 +10,7 @@ tests/mpi/test_torch_distributed.py and tests/mpi/test_torch_distributed_trainin
 
 import os
 import re
+import socket
 import sys
 
 import pytest
@@ -22,6 +23,13 @@ PROGRAM = "tests/programs/torch_distributed.py"
 # jobs; a hang is killed at HANG and fails the test.
 WITHIN = 30
 HANG = 120
+
+
+def free_port():
+    """A TCP port on loopback that nothing listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def alone(case, **env):
@@ -68,6 +76,26 @@ def test_world_size_that_mpi_contradicts_under_mpirun(mpirun):
     message = "WORLD_SIZE (or world_size=) is 3, but MPI started 2 rank(s)"
     assert run.output.count(message) == 1, run.output      # rank 0 says it, once
     assert run.elapsed < WITHIN, run.output
+
+
+@pytest.mark.alone
+def test_an_mpi_below_thread_multiple_is_refused_on_every_rank(mpirun):
+    run = mpirun(2, [sys.executable, PROGRAM, "serialized"], timeout=HANG)
+    assert run.returncode == 2, run.output
+    message = "the hpctrain backend needs MPI_THREAD_MULTIPLE"
+    assert run.output.count(message) == 1, run.output      # rank 0 says it, once
+    assert "MPI gives MPI_THREAD_SERIALIZED" in run.output, run.output
+    assert run.elapsed < WITHIN, run.output
+
+
+@pytest.mark.alone
+def test_an_mpi_below_thread_multiple_is_refused_with_torchs_rendezvous_too():
+    # MASTER_ADDR set: torch's own env:// rendezvous, then the backend's creator checks.
+    run = alone("serialized", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+                RANK="0", WORLD_SIZE="1")
+    assert run.returncode == 2, run.output
+    assert "the hpctrain backend needs MPI_THREAD_MULTIPLE" in run.output, run.output
+    assert "MPI gives MPI_THREAD_SERIALIZED" in run.output, run.output
 
 
 @pytest.mark.alone

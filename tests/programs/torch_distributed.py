@@ -8,7 +8,8 @@ do with bad input; rank 0 prints what happened.
 rank + 1 (exit 1 on a wrong sum); ``skip-new-group``: every rank but 0 calls ``new_group``,
 rank 0 goes on to an all_reduce; ``gloo``: ``init_process_group("gloo")`` without
 ``MASTER_ADDR`` after the import (only the hpctrain backend runs without a store);
-``timeout``: a group whose ``timeout`` is 2 s, and an all_reduce that rank 0 makes alone and
+``serialized``: mpi4py told to start MPI at ``MPI_THREAD_SERIALIZED``, then
+``init_process_group("hpctrain")``; ``timeout``: a group whose ``timeout`` is 2 s, and an all_reduce that rank 0 makes alone and
 the others only once rank 0's has failed: every rank prints what its call raised, then the
 sum pairs as before.
 """
@@ -17,12 +18,15 @@ import datetime
 import sys
 import threading
 
+import mpi4py
 import torch
 import torch.distributed as dist
 
 import hpctrain.torch.distributed  # noqa: F401 - registers the backend
 
 case = sys.argv[1]
+if case == "serialized":
+    mpi4py.rc.thread_level = "serialized"
 if case == "import":
     print(f"hpctrain registered: {'HPCTRAIN' in dist.Backend._plugins}; MPI imported: "
           f"{'mpi4py.MPI' in sys.modules}; threads: {threading.active_count()}", flush=True)

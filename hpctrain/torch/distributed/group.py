@@ -667,9 +667,15 @@ def create(options, backend_options=None):
         raise UsageError("an hpctrain group other than the default one comes from "
                          "dist.new_group on an hpctrain default group: call "
                          "dist.init_process_group('hpctrain') first")
+    from .rendezvous import thread_level_problem
+    from ...mpi.init import start as start_mpi
+
     owns = not basics.is_initialized()
     init()
     w = basics.world()
+    _, short = start_mpi()      # MPI runs already: what it gave, said
+    if short:                   # the same on every rank: each raises, none waits
+        raise UsageError(thread_level_problem(short))
     if (options.group_rank, options.group_size) != (w.rank, w.size):
         raise UsageError(f"init_process_group gave rank {options.group_rank} of "
                          f"{options.group_size}, but MPI says rank {w.rank} of {w.size}: the "

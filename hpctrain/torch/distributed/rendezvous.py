@@ -78,11 +78,13 @@ def world_from_mpi(given):
     from ...runtime import checks, end_job, guard
 
     guarded = guard()
-    MPI, _ = start_mpi()  # noqa: N806 - mpi4py's module name
+    MPI, short = start_mpi()  # noqa: N806 - mpi4py's module name
     comm = MPI.COMM_WORLD
     mpi = {"rank": comm.Get_rank(), "world_size": comm.Get_size()}
     try:
         with checks(comm):
+            if short:
+                raise UsageError(thread_level_problem(short))
             for key, variable in (("world_size", "WORLD_SIZE"), ("rank", "RANK")):
                 value = int(given.get(key, -1))
                 if value not in (-1, mpi[key]):
@@ -92,6 +94,15 @@ def world_from_mpi(given):
             raise
         end_job(verdict)    # rank 0 says it once; every rank exits with status 2
     return mpi["rank"], mpi["world_size"]
+
+
+def thread_level_problem(short):
+    """The message for an MPI started below ``MPI_THREAD_MULTIPLE`` (``short``: what
+    :func:`hpctrain.mpi.init.start` said)."""
+    return (f"the hpctrain backend needs MPI_THREAD_MULTIPLE (its communication thread, its "
+            f"point-to-point thread and the caller's all call MPI at once), and {short}; "
+            f"remove mpi4py.rc.thread_level or an earlier MPI.Init_thread from the script, or "
+            f"use an MPI built with thread support")
 
 
 def mismatch(key, variable, value, mpi):
