@@ -20,11 +20,15 @@ import torch.nn.functional as F
 from ddp_mpi import accuracy, datasets, local_device
 from torch.distributed.device_mesh import init_device_mesh
 from torch import nn
-from torch.distributed.fsdp import fully_shard
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 import hpctrain.torch.distributed  # noqa: F401 - registers the "hpctrain" backend
+
+try:
+    from torch.distributed.fsdp import fully_shard
+except ImportError:     # torch 2.5: FSDP2 was not public yet
+    from torch.distributed._composable.fsdp import fully_shard
 
 
 def main():

@@ -13,6 +13,7 @@ summation (averages are taken of multiples of the number of ranks). Every check 
 """
 
 import datetime
+import inspect
 import time
 
 import pytest
@@ -33,6 +34,9 @@ OPS = ["SUM", "AVG", "MIN", "MAX", "PRODUCT", "PREMUL_SUM", "BAND", "BOR", "BXOR
 COUNTS = [0, 1, 7]
 #: Seconds of the short timeouts (of groups, of one call) in the timeout test.
 TIMEOUT_S = 1.0
+#: Whether this torch hands PREMUL_SUM's factor to a Python group (2.13 does, 2.10 not):
+#: without it the op is refused (test_premul_sum_without_its_factor_is_refused).
+PREMUL_FACTOR = hasattr(dist._make_nccl_premul_sum(2.0), "factor")
 
 
 def values(rank, count, dtype, scale=1):
@@ -80,6 +84,8 @@ def takes(name, dtype):
     PREMUL_SUM: floating point, as gloo and NCCL take them)."""
     if name in ("BAND", "BOR", "BXOR"):
         return not dtype.is_floating_point
+    if name == "PREMUL_SUM" and not PREMUL_FACTOR:
+        return False
     if name in ("AVG", "PREMUL_SUM"):
         return dtype.is_floating_point
     return True
@@ -336,6 +342,20 @@ def test_errors_raise_on_every_rank(dist_algo, comm):
     all_ranks(comm, ok and t.item() == size, [repr(e) for e in errors])
 
 
+def test_premul_sum_without_its_factor_is_refused(dist_algo, comm):
+    """Where torch does not give a Python group PREMUL_SUM's factor, the op raises on every
+    rank, naming the torch that does, before anything is sent; the group works after."""
+    if PREMUL_FACTOR:
+        pytest.skip(f"torch {torch.__version__} gives the factor: the op is tested above")
+    errors = [raised(lambda: dist.all_reduce(torch.ones(2), op=op_of("PREMUL_SUM"))),
+              raised(lambda: dist.reduce_scatter_tensor(
+                  torch.empty(1), torch.ones(dist.get_world_size()), op=op_of("PREMUL_SUM")))]
+    ok = all(isinstance(e, NotImplementedError) and "torch 2.13" in str(e) for e in errors)
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    all_ranks(comm, ok and t.item() == dist.get_world_size(), [repr(e) for e in errors])
+
+
 def late_call(comm, call):
     """``call()`` on rank 0 at once and on the others once rank 0's has ended; per rank,
     ``(error, seconds)``: what it raised (``None``: nothing) and how long it took."""
@@ -377,6 +397,8 @@ def test_a_collective_past_its_timeout_fails_on_every_rank(dist_algo, comm):
         "a future": lambda: dist.all_reduce(torch.ones(3), group=group,
                                             async_op=True).get_future().wait(),
     }
+    if "timeout" not in inspect.signature(dist.barrier).parameters:
+        del cases["the call's timeout"]         # missing in 2.5.1, 2.7.1 and 2.10.0
     for what, call in cases.items():
         error, took = late_call(comm, call)
         if not isinstance(error, RuntimeError) or " Timed out " not in str(error):
@@ -496,7 +518,7 @@ def test_functional_collectives(dist_algo, comm):
 def test_checkpoint_of_a_sharded_model(dist_algo, comm, tmp_path):
     import torch.distributed.checkpoint as dcp
     from torch import nn
-    from torch.distributed.fsdp import fully_shard
+    from hpctrain.torch.distributed.versions import fully_shard
 
 
     where = from_rank0(comm, lambda: str(tmp_path))

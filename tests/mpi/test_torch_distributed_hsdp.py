@@ -60,7 +60,7 @@ def shard_errors(sharded, alone, what):
 
 def test_hsdp_on_a_2x2_mesh_equals_one_process(dist_algo, comm):
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from hpctrain.torch.distributed.versions import fully_shard
 
     rank, size = dist.get_rank(), dist.get_world_size()
     if size != MESH[0] * MESH[1]:

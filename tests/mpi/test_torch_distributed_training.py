@@ -91,7 +91,7 @@ def test_ddp_equals_one_process(dist_algo, comm, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_fsdp2_equals_one_process(dist_algo, comm, dtype):
-    from torch.distributed.fsdp import fully_shard
+    from hpctrain.torch.distributed.versions import fully_shard
 
     net = model(dtype)
     for layer in net:
@@ -103,7 +103,7 @@ def test_fsdp2_equals_one_process(dist_algo, comm, dtype):
 
 def test_hsdp_on_a_2d_mesh_equals_one_process(dist_algo, comm):
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from hpctrain.torch.distributed.versions import fully_shard
 
     size = dist.get_world_size()
     if size % 2:

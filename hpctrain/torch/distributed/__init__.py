@@ -20,8 +20,12 @@ says what is supported, how, and what is not.
 
 import torch.distributed as dist
 
-from . import rendezvous
-from .group import BACKEND, ProcessGroupHpctrain, create
+from . import versions
+
+versions.check_torch()      # before the modules below reach what older torch lacks
+
+from . import rendezvous  # noqa: E402
+from .group import BACKEND, ProcessGroupHpctrain, create  # noqa: E402
 
 __all__ = ["BACKEND", "ProcessGroupHpctrain", "register"]
 
@@ -30,6 +34,7 @@ def register():
     """Register the ``hpctrain`` backend and its rendezvous with torch (once; importing
     this module does it)."""
     rendezvous.install()
+    versions.delegate_new_group(lambda group: isinstance(group, ProcessGroupHpctrain))
     if BACKEND.upper() not in dist.Backend._plugins:
         dist.Backend.register_backend(BACKEND, create, extended_api=True,
                                       devices=["cpu", "cuda"])

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from . import p2p
+from .versions import PENDING, handed_out
 from .reductions import (allreduce_flat, check_dtype, reduce_scatter_flat, reduce_to_root,
                          reduction)
 from .work import FutureHandle, Work, seconds
@@ -106,6 +107,17 @@ class ProcessGroupHpctrain(dist.ProcessGroup):
         """Called by torch once the group is made."""
         self._desc = desc
 
+    # torch 2.5's bindings of these set the C++ group's name without calling the two above
+    # (2.7 and later do): the functional collectives would find a group named "".
+
+    def _set_group_name(self, name):
+        self.setGroupName(name)
+        super()._set_group_name(name)
+
+    def _set_group_desc(self, desc):
+        self.setGroupDesc(desc)
+        super()._set_group_desc(desc)
+
     @property
     def group_name(self):
         """The name torch gave this group."""
@@ -142,7 +154,7 @@ class ProcessGroupHpctrain(dist.ProcessGroup):
                           info, timeout=self._timeout_s(opts))
         request.handle = FutureHandle(lambda result: outputs)
         w.engine.submit(request)
-        return Work(request.handle)
+        return handed_out(Work(request.handle))
 
     def _timeout_s(self, opts):
         limit = seconds(getattr(opts, "timeout", None))
@@ -663,6 +675,8 @@ def create(options, backend_options=None):
     from ..lifecycle import init
     from ..ops.common import object_call
 
+    if options.group_id in PENDING:         # new_group on torch < 2.13 (.versions)
+        return PENDING[options.group_id]
     if list(options.global_ranks_in_group):
         raise UsageError("an hpctrain group other than the default one comes from "
                          "dist.new_group on an hpctrain default group: call "

@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import torch
 
+from .versions import premul_factor
 from ..ops.allreduce import reduce_flat
 from ..ops.common import Average, Max, Min, Product, REDUCED, Sum, WIDENED, scaled
 
@@ -48,8 +49,7 @@ def reduction(reduce_op):
     kind = getattr(reduce_op, "op", reduce_op)
     name = kind.name
     if name == "PREMUL_SUM":
-        factor = reduce_op.factor
-        return Reduction(name, float(factor.item() if torch.is_tensor(factor) else factor))
+        return Reduction(name, premul_factor(reduce_op))
     if name not in ARITHMETIC and name not in BITWISE:
         raise ValueError(f"the hpctrain backend does not know ReduceOp.{name}")
     return Reduction(name)
