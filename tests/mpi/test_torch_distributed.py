@@ -369,19 +369,31 @@ def late_call(comm, call):
     return error, took
 
 
-def test_a_collective_past_its_timeout_fails_on_every_rank(dist_algo, comm):
+@pytest.fixture
+def timed_groups(dist_algo):
+    """``(short, slow)``: two groups of every rank, of a ``TIMEOUT_S`` and of a 120 s timeout,
+    for the timeout tests, which run for the first algorithm only (timeouts are the engine's
+    and MPI's, whatever the algorithm) and need a peer; destroyed after the test."""
+    if dist_algo != TORCH_ALGOS[0]:
+        pytest.skip("timeouts do not depend on the algorithm: one suffices")
+    size = dist.get_world_size()
+    if size == 1:
+        pytest.skip("one rank never waits for another")
+    short = dist.new_group(list(range(size)), timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    slow = dist.new_group(list(range(size)), timeout=datetime.timedelta(seconds=120))
+    yield short, slow
+    for made in (short, slow):
+        dist.destroy_process_group(made)
+
+
+def test_a_collective_past_its_timeout_fails_on_every_rank(timed_groups, comm):
     """Only rank 0 calls, the others only after its call failed: rank 0's fails once the
     timeout has passed, theirs at once, with the same error (gloo's type, RuntimeError),
     whether waited for by ``wait()``, by the future or by DDP's reducer, and the group's next
     collective pairs as before."""
-    if dist_algo != TORCH_ALGOS[0]:
-        pytest.skip("timeouts are the engine's, whatever the algorithm: one suffices")
     rank, size = dist.get_rank(), dist.get_world_size()
-    if size == 1:
-        pytest.skip("a collective of one rank never waits")
     failures = []
-    group = dist.new_group(list(range(size)), timeout=datetime.timedelta(seconds=TIMEOUT_S))
-    slow = dist.new_group(list(range(size)), timeout=datetime.timedelta(seconds=120))
+    group, slow = timed_groups
     # DDP's reducer waits on the future in C++: it must see a failed future as failed. Its
     # set-up makes collectives on the group of the short timeout: the ranks start it
     # together, so that a rank late by more than the timeout on a busy machine (seen at a
@@ -411,8 +423,6 @@ def test_a_collective_past_its_timeout_fails_on_every_rank(dist_algo, comm):
         t = torch.tensor([rank + 1])
         dist.all_reduce(t, group=group)
         compare(failures, f"after {what}", t, torch.tensor([size * (size + 1) // 2]))
-    for made in (group, slow):
-        dist.destroy_process_group(made)
     all_ranks(comm, not failures, failures)
 
 
@@ -424,20 +434,15 @@ def timed(call):
     return error, time.monotonic() - start
 
 
-def test_send_and_recv_past_their_timeout_fail_and_wait_takes_a_timeout(dist_algo, comm):
+def test_send_and_recv_past_their_timeout_fail_and_wait_takes_a_timeout(timed_groups, comm):
     """On rank 0: a receive that no message matches within its group's timeout is cancelled
     and raises (gloo's type and words), and the message sent after it goes to the next
     receive; a send too large to leave without a receive raises too, while MPI keeps it (a
     receive posted later gets its data); ``Work.wait(timeout)`` raises once its own limit
     has passed and the receive goes on: a later ``wait()`` gets the message."""
-    if dist_algo != TORCH_ALGOS[0]:
-        pytest.skip("point-to-point is MPI's own, whatever the algorithm: one suffices")
-    rank, size = dist.get_rank(), dist.get_world_size()
-    if size == 1:
-        pytest.skip("point-to-point needs a peer")
+    rank = dist.get_rank()
     failures = []
-    group = dist.new_group(list(range(size)), timeout=datetime.timedelta(seconds=TIMEOUT_S))
-    slow = dist.new_group(list(range(size)), timeout=datetime.timedelta(seconds=120))
+    group, slow = timed_groups
 
     def expect_timeout(what, call, limit):
         error, took = timed(call)
@@ -481,8 +486,6 @@ def test_send_and_recv_past_their_timeout_fail_and_wait_takes_a_timeout(dist_alg
         work.wait()
         compare(failures, "the irecv after its wait timed out", got, torch.tensor([1.0, 2.0]))
     comm.Barrier()
-    for made in (group, slow):
-        dist.destroy_process_group(made)
     all_ranks(comm, not failures, failures)
 
 def test_new_group_asked_for_another_backend_says_what_it_made(dist_algo, comm):
