@@ -12,8 +12,8 @@ every collective at every size on both, in alternating order (hpctrain first in 
 rounds, the other first in odd ones), so that whatever else the machine does falls on both
 alike; the table gives the median over the rounds of each rank's slowest time (on a GPU, up
 to the device's end of the last call). Then the training throughput of DDP and of FSDP2
-(``fully_shard``), the same model and batches on either group, rounds alternated likewise. ``--against none`` times hpctrain alone
-(NCCL before 2.30 refuses two ranks on one GPU).
+(``fully_shard``), the same model and batches on either group, rounds alternated likewise.
+``--against none`` times hpctrain alone (NCCL before 2.30 refuses two ranks on one GPU).
 
 Collectives: ``all_reduce`` (busbw = algbw * 2(p-1)/p), ``all_gather_into_tensor`` and
 ``reduce_scatter_tensor`` (busbw = algbw * (p-1)/p; size: the whole vector), float32 SUM.

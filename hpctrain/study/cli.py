@@ -130,7 +130,8 @@ def _add_plan(kinds):
                "      --params runs/study-vcluster/params.json        # against measured training")
     _plan_model_options(planner.add_argument_group("the model and one device's compute"))
     _plan_cluster_options(planner.add_argument_group("the cluster: ranks and links"))
-    _plan_terms_options(planner.add_argument_group("the terms besides compute and communication, and the band"))
+    _plan_terms_options(planner.add_argument_group(
+        "the terms besides compute and communication, and the band"))
     _plan_reduction_options(planner.add_argument_group("how gradients are reduced"))
     planner.add_argument("--against", action="append", default=[], metavar="TRAIN_DIR",
                          help="predict every point a `study train` measured (its --out "

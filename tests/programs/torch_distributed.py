@@ -9,9 +9,9 @@ rank + 1 (exit 1 on a wrong sum); ``skip-new-group``: every rank but 0 calls ``n
 rank 0 goes on to an all_reduce; ``gloo``: ``init_process_group("gloo")`` without
 ``MASTER_ADDR`` after the import (only the hpctrain backend runs without a store);
 ``serialized``: mpi4py told to start MPI at ``MPI_THREAD_SERIALIZED``, then
-``init_process_group("hpctrain")``; ``timeout``: a group whose ``timeout`` is 2 s, and an all_reduce that rank 0 makes alone and
-the others only once rank 0's has failed: every rank prints what its call raised, then the
-sum pairs as before.
+``init_process_group("hpctrain")``; ``timeout``: a group whose ``timeout`` is 2 s, and an
+all_reduce that rank 0 makes alone and the others only once rank 0's has failed: every rank
+prints what its call raised, then the sum pairs as before.
 """
 
 import datetime

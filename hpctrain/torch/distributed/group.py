@@ -14,16 +14,16 @@ completed there (:mod:`.work`). ``gather`` and ``scatter`` are alltoalls in whic
 root's blocks are not empty; ``send`` and ``recv`` are MPI's own (:mod:`.p2p`).
 """
 
-import sys
 import warnings
 
 import torch
 import torch.distributed as dist
 
 from . import p2p
-from .versions import PENDING, handed_out
 from .reductions import (allreduce_flat, check_dtype, reduce_scatter_flat, reduce_to_root,
                          reduction)
+from .rendezvous import c10d_local, thread_level_problem
+from .versions import PENDING, handed_out
 from .work import FutureHandle, Work, seconds
 from .. import basics
 from ..engine import Request
@@ -616,10 +616,7 @@ def _warn_other_backend(ranks):
     given, so a ``new_group(backend="nccl")`` would quietly be an ``hpctrain`` group that
     torch then reports as ``nccl``. The asked backend is read from torch's caller's frame,
     where it is there to read (nothing is said otherwise)."""
-    frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_name != "_new_group_with_tag":
-        frame = frame.f_back
-    asked = None if frame is None else frame.f_locals.get("backend")
+    asked = c10d_local("_new_group_with_tag", "backend")
     if asked is None or str(asked).lower() in ("hpctrain", "undefined", ""):
         return
     warnings.warn(f"dist.new_group({sorted(ranks)}, backend={str(asked)!r}) made an "
@@ -681,7 +678,6 @@ def create(options, backend_options=None):
         raise UsageError("an hpctrain group other than the default one comes from "
                          "dist.new_group on an hpctrain default group: call "
                          "dist.init_process_group('hpctrain') first")
-    from .rendezvous import thread_level_problem
     from ...mpi.init import start as start_mpi
 
     owns = not basics.is_initialized()

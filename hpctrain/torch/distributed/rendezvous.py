@@ -117,18 +117,26 @@ def mismatch(key, variable, value, mpi):
             f"pass no rank=")
 
 
+def c10d_local(function, variable):
+    """The local ``variable`` of torch's ``distributed_c10d.function`` somewhere up this
+    call's stack (``None`` where there is no such frame, or no such variable): what torch
+    knows there and does not hand on (the backend asked of ``init_process_group`` or of
+    ``new_group``)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == function and \
+                frame.f_globals.get("__name__") == "torch.distributed.distributed_c10d":
+            return frame.f_locals.get(variable)
+        frame = frame.f_back
+    return None
+
+
 def _backend_asked():
     """The backend that the ``init_process_group`` calling this rendezvous was asked for
     (``None`` if it cannot be found): torch does not hand it to the handler, and another
     backend than ours would fail later, obscurely, on a store that is not there."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code.co_name == "init_process_group" and \
-                frame.f_globals.get("__name__") == "torch.distributed.distributed_c10d":
-            backend = frame.f_locals.get("backend")
-            return None if backend is None else str(backend).lower()
-        frame = frame.f_back
-    return None
+    backend = c10d_local("init_process_group", "backend")
+    return None if backend is None else str(backend).lower()
 
 
 def env_rendezvous(url, timeout=None, **kwargs):
