@@ -57,7 +57,7 @@ import sys
 import time
 from collections import Counter
 
-from .elastic import ENV_RESTART
+from .elastic_job import ENV_RESTART
 
 ENV = "HPCTRAIN_FAULT"
 

@@ -6,7 +6,7 @@ whose exchange of addresses has no failure detection (under ``mpirun --with-ft u
 that died before it leaves the others there for ever: mpirun no longer ends such a job),
 then in the collectives that set up the world, and in an elastic job in the first sync of
 the state (``hvd.elastic.run``), after which rank 0 says the start is up
-(:func:`hpctrain.elastic.log_up`). Those waits together may last ``HPCTRAIN_START_TIMEOUT_S``
+(:func:`hpctrain.elastic_job.log_up`). Those waits together may last ``HPCTRAIN_START_TIMEOUT_S``
 seconds (:func:`timeout`); the rank's own work between them (reading its data, building its
 model) does not count. A rank that has waited that long prints one line naming itself, the
 wait and the setting, then its Python traceback, and exits with status 1.

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, run_bounded
-from hpctrain import elastic as contract
+from hpctrain import elastic_job as contract
 from hpctrain import startup
 from hpctrain.launch import launch_environment
 from test_ft_stack import ft_launch

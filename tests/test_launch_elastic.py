@@ -1,6 +1,6 @@
 """``python -m hpctrain.launch --elastic``: restarts after lost ranks, shrinking and growing
 hosts, the ends it gives a job, bad input, signals. The ranks are a stand-in that keeps the
-contract of hpctrain/elastic.py (tests/programs/elastic_counter.py): each start counts one
+contract of hpctrain/elastic_job.py (tests/programs/elastic_counter.py): each start counts one
 sample per rank and step, so the samples of a finished job say exactly which starts ran
 which steps on how many ranks. Two jobs have real ranks: a Horovod elastic script
 (examples/elastic_style.py) restarted from its commit, and, on the fault-tolerant stack
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, note_launch, run_bounded
-from hpctrain import elastic as contract
+from hpctrain import elastic_job as contract
 from hpctrain import launch as launching
 from hpctrain.errors import UsageError
 from hpctrain.launch import elastic as launcher

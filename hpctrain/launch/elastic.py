@@ -8,7 +8,7 @@ it again from its last commit, on any MPI.
 
 Each start runs ``mpirun -np NP -H HOSTS ... COMMAND`` (with the flags of
 :func:`hpctrain.launch.mpirun_command`), NP = min(--max-np, the slots of the hosts), and
-waits for it. What the ranks exit with decides what comes next (:mod:`hpctrain.elastic`):
+waits for it. What the ranks exit with decides what comes next (:mod:`hpctrain.elastic_job`):
 
 - 0: the job is done; the launcher exits 0;
 - 75 (``EXIT_HOSTS_UPDATED``): the launcher published more hosts in ``hosts.json`` and the
@@ -19,7 +19,7 @@ waits for it. What the ranks exit with decides what comes next (:mod:`hpctrain.e
   commit, at most --max-restarts times; exit 1 when they are used, 76 when fewer than
   --min-np slots are left.
 
-Until a start is up (rank 0 logs ``up`` after the first sync: :func:`hpctrain.elastic.is_up`)
+Until a start is up (rank 0 logs ``up`` after the first sync: :func:`hpctrain.elastic_job.is_up`)
 nothing in MPI detects a lost rank: ``MPI_Init`` waits for it for ever, and under ULFM mpirun
 does not end the job. So the launcher watches the start's ranks that it can see
 (:class:`LaunchRanks`) and ends a start that lost one (after ``START_GRACE_S``, in which it
@@ -57,7 +57,7 @@ from pathlib import Path
 
 import psutil
 
-from .. import elastic as contract
+from .. import elastic_job as contract
 from ..data.atomic import writable_folder
 from ..errors import UsageError
 from ..mpi import ulfm as mpi_ulfm
@@ -273,8 +273,8 @@ def ranks_python(command):
 def elastic_command(np, hosts, command, *, settings, ulfm, extra=(), mpirun="mpirun",
                     tty=False):
     """The ``mpirun`` argv of one start: ``np`` ranks on ``hosts`` (``None``: this machine),
-    the job's ``settings`` (``hpctrain.elastic``'s ``ENV_*``) exported to every rank with ``-x``,
-    ULFM's flags when ``ulfm``, then the user's mpirun options ``extra``."""
+    the job's ``settings`` (``hpctrain.elastic_job``'s ``ENV_*``) exported to every rank with
+    ``-x``, ULFM's flags when ``ulfm``, then the user's mpirun options ``extra``."""
     flags = [] if hosts is None else ["-H", host_list(hosts)]
     if ulfm:
         # Without async_mpi_finalize, Open MPI 5.0.11's MPI_Finalize after a rank's death
@@ -400,7 +400,7 @@ def _running(proc):
 
 class ElasticJob:
     """The starts of one elastic job, one after the other. Each runs ``mpirun`` on the hosts
-    of the moment; what it exits with (:mod:`hpctrain.elastic`) decides the next."""
+    of the moment; what it exits with (:mod:`hpctrain.elastic_job`) decides the next."""
 
     def __init__(self, options, hosts, folder, *, mpirun, ulfm):
         self.options, self.hosts, self.folder = options, hosts, folder
@@ -470,7 +470,7 @@ class ElasticJob:
         return rc, version
 
     def settings(self):
-        """The next start's settings for its ranks (``hpctrain.elastic``'s ``ENV_*``)."""
+        """The next start's settings for its ranks (``hpctrain.elastic_job``'s ``ENV_*``)."""
         found = {contract.ENV_DIR: str(self.folder.resolve()),
                  contract.ENV_MIN_NP: str(self.options.min_np),
                  contract.ENV_RESTART: str(self.starts - 1),

@@ -8,7 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from ..elastic import parse_hosts
+from ..elastic_job import parse_hosts
 from ..errors import UsageError
 from . import kill_launch
 

@@ -1,5 +1,7 @@
-"""Whether this Python's mpi4py and MPI can go on without a lost rank (ULFM: revoke, shrink,
-agree), told without initialising MPI: the elastic launcher asks before any rank exists."""
+"""ULFM, MPI's fault tolerance (revoke, shrink, agree): whether this Python's mpi4py and MPI
+have it, told without initialising MPI (the elastic launcher asks before any rank exists), and
+the calls a survivor makes with it: :func:`process_failure` (does an error say a rank died?),
+:func:`revoke`, :func:`shrink`. None of them imports mpi4py: they take its objects."""
 
 import json
 import struct
@@ -12,6 +14,36 @@ from typing import NamedTuple
 #: as weak symbols, when the library it loads has them); otherwise its stand-ins call none:
 #: Revoke raises, Shrink is a Dup, Agree an Allreduce.
 ULFM_SYMBOLS = ("MPIX_Comm_revoke", "MPIX_Comm_shrink", "MPIX_Comm_agree")
+
+def process_failure(exc):
+    """True when ``exc`` is MPI's report that a rank died, or that a communicator was revoked
+    because one did. Only an MPI with fault tolerance reports these (without it the error
+    classes are all ``ERR_UNKNOWN``, which this does not take for one)."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or not isinstance(exc, mpi.Exception):
+        return False
+    classes = {mpi.ERR_PROC_FAILED, mpi.ERR_PROC_FAILED_PENDING, mpi.ERR_REVOKED}
+    return exc.Get_error_class() in classes - {mpi.ERR_UNKNOWN}
+
+
+def revoke(comm):
+    """Revoke ``comm`` after a rank died, so that every survivor's operation on it fails at
+    once instead of waiting for a rank that has died or has gone on to the recovery. Any rank
+    may call it, any number of times: a communicator revoked or freed already is left as it
+    is."""
+    try:
+        comm.Revoke()
+    except Exception:  # noqa: BLE001,S110 - revoked (by another rank) or freed: nothing to do
+        pass
+
+
+def shrink(comm):
+    """The survivors' communicator of ``comm`` after a rank died: ``comm`` revoked (so that no
+    survivor is left waiting in it), then ``MPI_Comm_shrink``. Collective over the survivors,
+    each of which arrives from its own failed operation."""
+    revoke(comm)
+    return comm.Shrink()
+
 
 #: Run by :func:`fault_tolerance` in a Python of its own: loads mpi4py.MPI as a rank would
 #: (mpi4py's search for the library, RUNPATH, LD_LIBRARY_PATH) without MPI_Init, and says

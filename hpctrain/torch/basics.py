@@ -31,6 +31,7 @@ from ..collectives.registry import DEFAULT_ALLREDUCE, ENV_ALLREDUCE
 from ..devices import node_rank_and_size
 from ..errors import ArgumentError
 from ..log import set_rank as set_log_rank
+from ..mpi import ulfm
 
 
 _STATE = {}
@@ -184,10 +185,7 @@ class World:
         waiting for a rank that has died or has gone on to the recovery. Any rank may call
         it, any number of times."""
         for comm in self.communicators():
-            try:
-                comm.Revoke()
-            except Exception:  # noqa: BLE001,S112 - freed or revoked already: nothing to do
-                continue
+            ulfm.revoke(comm)
 
     def close(self, wait=True):
         """Stop the engine (if started) on every rank and free the communicators."""

@@ -76,7 +76,6 @@ The parts, and which thread may touch what:
 
 import pickle
 import queue
-import sys
 import threading
 import time
 from collections import OrderedDict
@@ -85,6 +84,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .settings import Settings
+from ..mpi.ulfm import process_failure
 from ..log import logger
 from ..stalls import StallRule, stalled
 
@@ -119,20 +119,10 @@ class ProcessFailure(HorovodInternalError):
     survivor's pending and later operations until ``hvd.elastic.run`` shrinks the world."""
 
 
-def process_failure(exc):
-    """True when ``exc`` is MPI's report that a rank died, or that a communicator was revoked
-    because one did. Only an MPI with fault tolerance reports these (without it the error
-    classes are all ``ERR_UNKNOWN``, which this does not take for one)."""
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is None or not isinstance(exc, mpi.Exception):
-        return False
-    classes = {mpi.ERR_PROC_FAILED, mpi.ERR_PROC_FAILED_PENDING, mpi.ERR_REVOKED}
-    return exc.Get_error_class() in classes - {mpi.ERR_UNKNOWN}
-
-
 def lost(comm, exc):
-    """Why operations fail after MPI reported a death (``exc``, a :func:`process_failure`):
-    the ranks of ``comm`` that it knows have failed, and what can go on."""
+    """Why operations fail after MPI reported a death (``exc``, a
+    :func:`~hpctrain.mpi.ulfm.process_failure`): the ranks of ``comm`` that it knows have
+    failed, and what can go on."""
     try:
         group = comm.Get_failed()
         failed = group.Translate_ranks(list(range(group.Get_size())), comm.Get_group())

@@ -13,7 +13,7 @@ from .ops.control import register_process_sets, start_timeline
 from .process_sets import ProcessSet
 from .settings import ignored_message
 from .settings import read as read_settings
-from .. import elastic, faults, startup
+from .. import elastic_job, faults, startup
 from ..collectives import auto
 from ..errors import ArgumentError
 from ..log import check as check_logging
@@ -59,7 +59,7 @@ def init(comm=None, process_sets=None, allreduce=None):
     startup.begin(settings.start_timeout_s, launcher_rank(), launcher_size())
     with startup.waiting("in hvd.init: MPI_Init and the world's set-up"):
         world, thread_warning = _start_world(comm, algo, settings)
-    if elastic.state_dir() is None:
+    if elastic_job.state_dir() is None:
         # Outside an elastic job no first sync of hvd.elastic.run ends the start-up.
         startup.end()
     if algo == "horovod":

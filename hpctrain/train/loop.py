@@ -37,14 +37,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .. import elastic as job
+from .. import elastic_job
 from .. import faults
 from ..data import HDF5Dataset, digits, split_indices
 from ..data.torch_dataset import TorchDataset
 from ..errors import UsageError
 from ..runtime import agree_with_root, checks
 from ..sampler import shard_indices
-from ..torch.engine import ProcessFailure, process_failure
+from ..mpi import ulfm
+from ..torch.elastic.in_place import lost_rank, recover
 from ..watchdog import StallWatchdog
 from . import build, checkpoint, header, replicas, report, resume, tensorboard
 from .config import checkpoint_interval
@@ -159,28 +160,28 @@ def train(config, comm=None):
     small loss). A run that loses a rank goes on from the last one, as ``--resume auto``
     would, on the ranks that are left. On an MPI with fault tolerance that happens here, in
     place: the survivors revoke every communicator of the run (:meth:`Run.abandon`), shrink
-    the world (:func:`hpctrain.elastic.survivors`) and start the run again on it. On any
-    other MPI the job ends, and ``python -m hpctrain.launch --elastic`` starts it again on
-    the hosts that are left, where it resumes the same way. The rest of an epoch is split
+    the world and start the run again on it (:func:`hpctrain.torch.elastic.in_place.recover`,
+    as ``hvd.elastic.run`` does). On any other MPI the job ends, and ``python -m
+    hpctrain.launch --elastic`` starts it again on the hosts that are left, where it resumes
+    the same way. The rest of an epoch is split
     over the new number of ranks (the sampler counts the samples done), and the learning
     rate is scaled to the new global batch.
     """
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD if comm is None else comm
-    if config.elastic:
-        config = dataclasses.replace(config, resume=config.resume or "auto")
-    for _ in range(comm.Get_size()):        # each failure takes at least one rank
-        try:
-            return train_once(config, comm)
-        except BaseException as exc:
-            if not (config.elastic and lost_rank(exc)):
-                raise
-        comm = job.survivors(comm)
-        # Whatever checkpoint the first attempt resumed, the next one goes on from the
-        # newest in the run directory: the last commit.
-        config = dataclasses.replace(config, resume="auto")
-    raise AssertionError("not reached: a rank is always left, or the job has ended")
+    if not config.elastic:
+        return train_once(config, comm)
+    config = dataclasses.replace(config, resume=config.resume or "auto")
+    try:
+        return train_once(config, comm)
+    except BaseException as exc:
+        if not lost_rank(exc):
+            raise
+    # Whatever checkpoint the first attempt resumed, the next one goes on from the newest in
+    # the run directory: the last commit.
+    again = dataclasses.replace(config, resume="auto")
+    return recover(comm, lambda survivors: train_once(again, survivors))
 
 
 def train_once(config, comm):
@@ -293,7 +294,8 @@ class Run:
         self.regime.broadcast_initial()
         checksum = replicas.check_identical(self.model, self.comm, "after the initial broadcast")
         if config.elastic:
-            job.log_up(self.rank, np=self.size)    # every rank has started and has the state
+            # Every rank has started and has the state.
+            elastic_job.log_up(self.rank, np=self.size)
         # A resumed run drops the rows written after its checkpoint: they are trained again.
         metrics = report.MetricsFile(config.run_path / "metrics.csv", append=saved is not None,
                                      enabled=self.rank == 0,
@@ -535,7 +537,7 @@ class Run:
         if lost:
             for comm in (getattr(self, "comm", None), *_torch_communicators()):
                 if comm is not None:
-                    revoke(comm)
+                    ulfm.revoke(comm)
         regime = getattr(self, "regime", None)
         if regime is not None:
             regime.abandon()
@@ -545,19 +547,6 @@ class Run:
         measured = getattr(self, "measured", None)
         if measured is not None:
             measured.events.close()     # what this rank wrote since the last epoch's flush
-
-
-def lost_rank(exc):
-    """True when ``exc`` says that a rank died (only an MPI with fault tolerance says so)."""
-    return isinstance(exc, ProcessFailure) or process_failure(exc)
-
-
-def revoke(comm):
-    """Revoke ``comm`` (nothing if it is revoked or freed already)."""
-    try:
-        comm.Revoke()
-    except Exception:  # noqa: BLE001,S110 - revoked or freed: nothing to do
-        pass
 
 
 def _torch_communicators():

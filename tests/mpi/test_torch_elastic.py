@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import hpctrain.torch as hvd
-from hpctrain import elastic as job
+from hpctrain import elastic_job
 
 from conftest import all_ranks, raised
 
@@ -108,12 +108,12 @@ def test_new_hosts_at_a_commit_reset_every_rank_together(comm, tmp_path_factory,
                                                          monkeypatch):
     folder = tmp_path_factory.mktemp("elastic") if comm.rank == 0 else None
     folder = comm.bcast(folder)
-    monkeypatch.setenv(job.ENV_DIR, str(folder))
+    monkeypatch.setenv(elastic_job.ENV_DIR, str(folder))
     state = hvd.elastic.ObjectState(step=0)
     resets = []
     state.register_reset_callbacks([lambda: resets.append(state.step)])
     if comm.rank == 0:
-        job.write_hosts(folder, 0, [("localhost", comm.size)])
+        elastic_job.write_hosts(folder, 0, [("localhost", comm.size)])
     comm.Barrier()
 
     @hvd.elastic.run
@@ -121,13 +121,14 @@ def test_new_hosts_at_a_commit_reset_every_rank_together(comm, tmp_path_factory,
         while state.step < 3:
             state.step += 1
             if state.step == 2 and comm.rank == 0 and not resets:
-                job.write_hosts(folder, 1, [("localhost", comm.size + 1)])
+                elastic_job.write_hosts(folder, 1, [("localhost", comm.size + 1)])
             state.commit()
     # Under the launcher (a state folder) new hosts end every rank with status 75.
     with pytest.raises(SystemExit) as ended:
         steps(state)
-    saved = (folder / job.STATE_FILE).exists()
-    all_ranks(comm, ended.value.code == job.EXIT_HOSTS_UPDATED and saved and state.step == 2,
+    saved = (folder / elastic_job.STATE_FILE).exists()
+    all_ranks(comm,
+              ended.value.code == elastic_job.EXIT_HOSTS_UPDATED and saved and state.step == 2,
               [ended.value.code, saved, state.step])
     hvd.init(allreduce="ring")              # the exit path shut the world down
 
@@ -135,7 +136,7 @@ def test_new_hosts_at_a_commit_reset_every_rank_together(comm, tmp_path_factory,
 def test_a_restarted_job_begins_from_the_commit_rank_0_wrote(comm, tmp_path_factory,
                                                              monkeypatch):
     folder = comm.bcast(tmp_path_factory.mktemp("resume") if comm.rank == 0 else None)
-    monkeypatch.setenv(job.ENV_DIR, str(folder))
+    monkeypatch.setenv(elastic_job.ENV_DIR, str(folder))
     model = model_of(2.0)
     state = hvd.elastic.TorchState(model, epoch=0)
 
@@ -160,7 +161,7 @@ def test_a_restarted_job_begins_from_the_commit_rank_0_wrote(comm, tmp_path_fact
 
 
 def test_a_commit_outside_run_in_an_elastic_job_is_refused_on_every_rank(comm, monkeypatch):
-    monkeypatch.setenv(job.ENV_DIR, "/nonexistent-elastic-folder")
+    monkeypatch.setenv(elastic_job.ENV_DIR, "/nonexistent-elastic-folder")
     state = hvd.elastic.ObjectState(step=0)
     error = raised(state.commit)
     all_ranks(comm, isinstance(error, RuntimeError) and "outside hvd.elastic.run" in str(error),

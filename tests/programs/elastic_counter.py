@@ -1,5 +1,5 @@
 """A stand-in for a training script under ``python -m hpctrain.launch --elastic``: the ranks'
-side of the contract in hpctrain/elastic.py, without torch, so that a start takes a second.
+side of the contract in hpctrain/elastic_job.py, without torch, so that a start takes a second.
 
     elastic_counter.py --steps N [--step-seconds S] [--hosts-file F]
                        [--fault START,RANK,STEP[,HOSTS]]... [--grow START,STEP,HOSTS]
@@ -32,7 +32,7 @@ began = time.time()
 
 from mpi4py import MPI  # noqa: E402 - the time before it is part of a start's cost
 
-from hpctrain import elastic  # noqa: E402
+from hpctrain import elastic_job  # noqa: E402
 from hpctrain.data.atomic import atomic_path  # noqa: E402
 
 GROW_WAIT = 60  # s: a launcher that publishes nothing by then fails the test, no hang
@@ -54,7 +54,7 @@ def write_hosts_file(path, hosts):
 
 
 def resume(folder):
-    path = folder / elastic.STATE_FILE
+    path = folder / elastic_job.STATE_FILE
     return json.loads(path.read_text()) if path.exists() else {"step": 0, "samples": 0}
 
 
@@ -63,32 +63,32 @@ def commit(comm, folder, state, version, wait):
     version when ``wait``); every rank gets the version. Collective."""
     newest = None
     if comm.rank == 0:
-        with atomic_path(folder / elastic.STATE_FILE) as tmp:
+        with atomic_path(folder / elastic_job.STATE_FILE) as tmp:
             tmp.write_text(json.dumps(state))
         deadline = time.monotonic() + (GROW_WAIT if wait else 0)
-        newest = elastic.read_hosts(folder)[0]
+        newest = elastic_job.read_hosts(folder)[0]
         while newest <= version and time.monotonic() < deadline:
             time.sleep(0.05)
-            newest = elastic.read_hosts(folder)[0]
+            newest = elastic_job.read_hosts(folder)[0]
     return comm.bcast(newest, root=0)
 
 
 def main():
     args = options()
     comm = MPI.COMM_WORLD
-    folder = elastic.state_dir()
-    start = int(os.environ[elastic.ENV_RESTART])
-    version = int(os.environ[elastic.ENV_HOSTS_VERSION])
-    if comm.size < elastic.int_setting(elastic.ENV_MIN_NP, 1):
-        sys.exit(elastic.EXIT_TOO_FEW)
+    folder = elastic_job.state_dir()
+    start = int(os.environ[elastic_job.ENV_RESTART])
+    version = int(os.environ[elastic_job.ENV_HOSTS_VERSION])
+    if comm.size < elastic_job.int_setting(elastic_job.ENV_MIN_NP, 1):
+        sys.exit(elastic_job.EXIT_TOO_FEW)
     state = resume(folder) if comm.rank == 0 else None
     state = comm.bcast(state, root=0)
     pids = comm.gather(os.getpid(), root=0)
     if comm.rank == 0:
         print(f"rank 0 of {comm.size}: start {start} at step {state['step']}", flush=True)
-        elastic.log_event(folder, "rank_start", start=start, np=comm.size, step=state["step"],
+        elastic_job.log_event(folder, "rank_start", start=start, np=comm.size, step=state["step"],
                           pids=pids, process_began=began)
-    elastic.log_up(comm.rank, np=comm.size)     # every rank has started and has the state
+    elastic_job.log_up(comm.rank, np=comm.size)     # every rank has started and has the state
     faults = [f.split(",", 3) for f in args.fault]
     grow = args.grow.split(",", 2) if args.grow else None
     for step in range(state["step"], args.steps):
@@ -96,7 +96,7 @@ def main():
             if (int(when), int(rank), int(at)) == (start, comm.rank, step):
                 if hosts:
                     write_hosts_file(args.hosts_file, hosts[0])
-                elastic.log_event(folder, "fault", start=start, rank=comm.rank, step=step)
+                elastic_job.log_event(folder, "fault", start=start, rank=comm.rank, step=step)
                 print(f"rank {comm.rank} of {comm.size}: SIGKILL at step {step}", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
         growing = grow is not None and (int(grow[0]), int(grow[1])) == (start, step)
@@ -107,7 +107,7 @@ def main():
         if commit(comm, folder, state, version, growing) > version:
             if comm.rank == 0:
                 print(f"rank 0: new hosts at step {step + 1}: exit 75", flush=True)
-            sys.exit(elastic.EXIT_HOSTS_UPDATED)
+            sys.exit(elastic_job.EXIT_HOSTS_UPDATED)
         time.sleep(args.step_seconds)
     if comm.rank == 0:
         print(f"finished: step {state['step']}, samples {state['samples']}", flush=True)

@@ -13,7 +13,7 @@ import time
 import torch
 
 import hpctrain.torch as hvd
-from hpctrain import elastic
+from hpctrain import elastic_job
 
 
 def main():
@@ -21,7 +21,7 @@ def main():
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args()
     hvd.init()
-    print(f"rank {hvd.rank()} of {hvd.size()}: init returned in start {elastic.this_start()} "
+    print(f"rank {hvd.rank()} of {hvd.size()}: init returned in start {elastic_job.this_start()} "
           f"(t={time.time():.3f})", flush=True)
     state = hvd.elastic.ObjectState(step=0, total=0)
 

@@ -29,7 +29,8 @@ import time
 import torch
 
 from .work import FutureHandle, Work
-from ..engine import ProcessFailure, lost, process_failure
+from ..engine import ProcessFailure, lost
+from ...mpi.ulfm import process_failure
 
 #: Seconds between tests of the posted requests while any are in flight.
 POLL_S = 0.0001

@@ -21,9 +21,9 @@
 
 On an MPI with fault tolerance (Open MPI 5 under ``mpirun --with-ft ulfm``; ``scripts/setup
 --ft``) a lost rank costs the steps since the last commit: the survivors shrink the world
-and go on in place. On any other MPI the job ends and ``python -m hpctrain.launch
+and go on in place (:mod:`.in_place`). On any other MPI the job ends and ``python -m hpctrain.launch
 --elastic`` starts it again on the hosts that are left, from the last commit
-(:mod:`hpctrain.elastic`). :mod:`.run` says what happens at each kind of failure.
+(:mod:`hpctrain.elastic_job`). :mod:`.run` says what happens at each kind of failure.
 """
 
 from .run import run

@@ -23,12 +23,13 @@ tolerance) begins from the state rank 0 wrote at the last commit.
 import functools
 import sys
 
-from ... import elastic as job
+from ... import elastic_job
 from ... import startup
 from ..backends import NATIVE
 from ..basics import abandon, is_initialized, shutdown, world
-from ..engine import HorovodInternalError, ProcessFailure, process_failure
+from ..engine import HorovodInternalError, ProcessFailure
 from ..lifecycle import init
+from . import in_place
 from .state import HostsUpdatedInterrupt
 from ...log import logger
 
@@ -80,7 +81,7 @@ def _attempts(state, func, args, kwargs):
             _start_again()
             sync = True
         except HostsUpdatedInterrupt as interrupt:
-            if job.state_dir() is not None:
+            if elastic_job.state_dir() is not None:
                 _exit_for_new_hosts()
             _start_again()
             sync = not interrupt.skip_sync
@@ -95,42 +96,32 @@ def _attempts(state, func, args, kwargs):
 def _first_sync(state):
     """Sync the state from rank 0 for the first time, which ends the start-up: its wait
     counts against the start-up bound (:mod:`hpctrain.startup`), and after it the start is
-    up (:func:`hpctrain.elastic.log_up`)."""
+    up (:func:`hpctrain.elastic_job.log_up`)."""
     with startup.waiting("in the first sync of the state, in hvd.elastic.run"):
         state.sync()
     startup.end()
-    job.log_up(world().rank, np=world().size)
+    elastic_job.log_up(world().rank, np=world().size)
 
 
 def _resume(state):
     """Rank 0 reads the last commit of an earlier start of this job, if there is one; the
     first sync then gives it to every rank."""
-    folder = job.state_dir()
-    if folder is None or not (folder / job.STATE_FILE).exists() or world().rank != 0:
+    folder = elastic_job.state_dir()
+    if folder is None or not (folder / elastic_job.STATE_FILE).exists() or world().rank != 0:
         return
-    state.read(folder / job.STATE_FILE)
-    job.log_event(folder, "resumed", size=world().size)
-    LOG.info(f"resuming from the commit in {folder / job.STATE_FILE}")
+    state.read(folder / elastic_job.STATE_FILE)
+    elastic_job.log_event(folder, "resumed", size=world().size)
+    LOG.info(f"resuming from the commit in {folder / elastic_job.STATE_FILE}")
 
 
 def _shrink():
-    """The survivors' world: revoke, shrink, start hpctrain.torch again on it. Collective
-    over the survivors (each one gets here from its own failed operation)."""
+    """The survivors' world: revoke, shrink, start hpctrain.torch again on it
+    (:func:`.in_place.recover`). Collective over the survivors (each one gets here from its
+    own failed operation)."""
     old = world()
     old.revoke()            # a rank that learnt of the death from its caller's side, too
     abandon()
-    comm = old.user_comm
-    for _ in range(old.size):
-        comm = job.survivors(comm)
-        try:
-            _start_on(comm, old)
-            return
-        except Exception as exc:    # another rank died while the world started again
-            if not process_failure(exc):
-                raise
-            if is_initialized():
-                world().revoke()
-                abandon()
+    in_place.recover(old.user_comm, lambda comm: _start_on(comm, old))
 
 
 def _start_on(comm, old):
@@ -154,7 +145,15 @@ def _start_on(comm, old):
         else:
             pset.ranks, pset.mpi_comm = sorted(ranks), None
             sets.append(pset)
-    init(comm=comm, allreduce=old.algo, process_sets=sets)
+    try:
+        init(comm=comm, allreduce=old.algo, process_sets=sets)
+    except BaseException as exc:
+        # Another rank died while the world started again: no survivor may wait in it
+        # when they shrink again.
+        if in_place.lost_rank(exc) and is_initialized():
+            world().revoke()
+            abandon()
+        raise
 
 
 def _start_again():
@@ -174,7 +173,7 @@ def _exit_for_new_hosts():
         LOG.info("new hosts: ending this start so that the launcher starts the job again on "
                  "them, from the last commit")
     shutdown()
-    sys.exit(job.EXIT_HOSTS_UPDATED)
+    sys.exit(elastic_job.EXIT_HOSTS_UPDATED)
 
 
 __all__ = ["run"]

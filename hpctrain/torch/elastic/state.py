@@ -15,7 +15,7 @@ import copy
 import torch
 
 from .sampler import ElasticSampler
-from ... import elastic as job
+from ... import elastic_job
 from ...data.atomic import atomic_path
 from ..basics import rank as world_rank
 from ..functions import broadcast_optimizer_state, broadcast_parameters
@@ -48,7 +48,7 @@ class State:
         self._reset_callbacks = []
         self.running = 0            # calls of hvd.elastic.run at work on this state
         self.commits = 0            # commits made (hvd.elastic.run counts resets between)
-        self._hosts_version = job.int_setting(job.ENV_HOSTS_VERSION, 0, least=0)
+        self._hosts_version = elastic_job.int_setting(elastic_job.ENV_HOSTS_VERSION, 0, least=0)
 
     def register_reset_callbacks(self, callbacks):
         """Call each of ``callbacks`` (no arguments) after every reset: a rank lost or
@@ -66,7 +66,7 @@ class State:
         check for new hosts. Synchronisation point: one broadcast (every rank commits
         together). Commits cost a copy of the state: commit every few steps, not every one
         (the steps since the last commit are what a failure loses)."""
-        folder = job.state_dir()
+        folder = elastic_job.state_dir()
         if folder is not None and not self.running:
             raise RuntimeError(
                 "state.commit() was called outside hvd.elastic.run: in an elastic job a "
@@ -75,16 +75,16 @@ class State:
         self.save()
         self.commits += 1
         if folder is not None and self._rank() == 0:
-            self.write(folder / job.STATE_FILE)
+            self.write(folder / elastic_job.STATE_FILE)
         self.check_host_updates()
 
     def check_host_updates(self):
         """Raise :class:`HostsUpdatedInterrupt` on every rank if the launcher published new
         hosts since this job started. Synchronisation point: one broadcast from rank 0."""
-        folder = job.state_dir()
+        folder = elastic_job.state_dir()
         version = 0
         if folder is not None and self._rank() == 0:
-            version = job.read_hosts(folder)[0]
+            version = elastic_job.read_hosts(folder)[0]
         version = self._bcast_object(version)
         if version > self._hosts_version:
             self._hosts_version = version

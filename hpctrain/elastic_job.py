@@ -1,12 +1,14 @@
-"""What the elastic launcher and the ranks' ``hvd.elastic.run`` share: settings in the
-environment, the job's state folder and its files, exit statuses. No MPI, no torch: the
-launcher (:mod:`hpctrain.launch`) imports it before any rank exists.
+"""An elastic job's contract: what its launcher and its ranks (``hvd.elastic.run``,
+``hpctrain train --elastic``) share: settings in the environment, the job's state folder and
+its files, exit statuses. No MPI, no torch: the launcher (:mod:`hpctrain.launch`) imports it
+before any rank exists.
 
 An elastic job keeps going when ranks are lost, in one of two ways:
 
 - **in place**, on an MPI with fault tolerance (ULFM, Open MPI 5 under ``mpirun --with-ft
   ulfm``): the survivors revoke the world, shrink it and go on from the last commit
-  (:mod:`hpctrain.torch.elastic`);
+  (:mod:`hpctrain.torch.elastic.in_place`, for ``hvd.elastic.run`` and ``hpctrain train
+  --elastic`` alike);
 - **by restart**, on any MPI: the job ends, and ``python -m hpctrain.launch --elastic``
   starts it again on the hosts that are left, from the last commit, which rank 0 saved in
   the state folder.
@@ -33,14 +35,10 @@ or mpirun's to end the job (any other MPI).
 
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 from .data.atomic import atomic_path
-from .log import logger, set_rank
-
-LOG = logger("hpctrain.elastic")
 
 #: The state folder of the job (set by the launcher; a script may set it itself).
 ENV_DIR = "HPCTRAIN_ELASTIC_DIR"
@@ -158,31 +156,3 @@ def read_events(folder):
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def survivors(comm):
-    """The survivors of ``comm`` after a rank died (MPI with fault tolerance): ``comm``
-    revoked, so that no survivor is left waiting in it, then shrunk. Collective over the
-    survivors, each of which arrives from its own failed operation. When fewer ranks than
-    ``HPCTRAIN_ELASTIC_MIN_NP`` are left, every survivor exits with ``EXIT_TOO_FEW`` after
-    one message from the new rank 0."""
-    try:
-        comm.Revoke()
-    except Exception:  # noqa: BLE001,S110 - revoked already by another rank
-        pass
-    before = comm.Get_size()
-    shrunk = comm.Shrink()
-    size, rank = shrunk.Get_size(), shrunk.Get_rank()
-    set_rank(rank)                          # the survivors' rank 0 logs from now on
-    least = int_setting(ENV_MIN_NP, 1)
-    if rank == 0:
-        log_event(state_dir(), "shrunk", before=before, after=size)
-        if size >= least:
-            LOG.info(f"lost {before - size} rank(s): going on with {size} of {before} from "
-                     f"the last commit")
-        else:
-            LOG.error(f"lost {before - size} rank(s); {size} left is fewer than the minimum "
-                      f"of {least} ({ENV_MIN_NP}, --min-np): ending the job")
-    if size < least:
-        sys.exit(EXIT_TOO_FEW)
-    return shrunk
