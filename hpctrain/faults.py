@@ -31,7 +31,7 @@ The points, by subcommand:
   published; other ranks: as they pass the checkpoint), ``train.loss`` (``nan``/``inf``: the
   loss becomes non-finite), ``train.grad`` (``inf``: the gradients become infinite, the loss
   stays finite), ``train.perturb`` (``perturb``: one weight changes on that rank only);
-  under ``--regime async-ps`` also ``train.serve`` (rank 0, the server: a worker's gradient
+  under ``--regime async-server`` also ``train.serve`` (rank 0, the server: a worker's gradient
   has arrived and that worker waits for the reply) and ``train.push`` (a worker, before it
   pushes a gradient to the server);
 - ``hpctrain data``: ``data.write`` (after the first chunk of a synthetic data set is

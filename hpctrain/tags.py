@@ -29,8 +29,9 @@ BENCH_SENDRECV = 7001
 BENCH_P2P = 7002
 #: ``hpctrain train``'s stall watchdog: each rank's arrival, sent to rank 0.
 WATCHDOG = 7201
-#: ``--regime async-ps``: a worker's version and gradients to the server, the server's
+#: ``--regime async-server``: a worker's version and gradients to the server, the server's
 #: version and weights back.
-ASYNC_PS_PUSH, ASYNC_PS_GRAD, ASYNC_PS_VERSION, ASYNC_PS_WEIGHTS = 7301, 7302, 7303, 7304
+ASYNC_SERVER_PUSH, ASYNC_SERVER_GRAD = 7301, 7302
+ASYNC_SERVER_VERSION, ASYNC_SERVER_WEIGHTS = 7303, 7304
 #: Adasum's halves of the vector, and its dot products, between partners.
 ADASUM_DATA, ADASUM_DOTS = 32001, 32002

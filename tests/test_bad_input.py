@@ -77,14 +77,15 @@ CASES = {
                           f"allreduce: 'rign' is not one of {', '.join(ALLREDUCE)}"),
     "unknown model": (["--model=resnet"], "model: 'resnet' is not one of mlp, cnn, wide"),
     "unknown regime": (["--regime=gossip"],
-                       "regime: 'gossip' is not one of allreduce, ps, ps-sharded, async-ps"),
+                       "regime: 'gossip' is not one of allreduce, server, sharded-server, "
+                       "async-server"),
     "unknown option": (["--epoch=3"], "unknown configuration key 'epoch' on the command line; "
                                       "valid keys: name, run_dir"),
     "zero batch size": (["--batch-size=0"], "batch_size must be >= 1, got 0"),
     "consistency checks of asynchronous workers": (
-        ["--regime=async-ps", "--check-consistency=5"],
+        ["--regime=async-server", "--check-consistency=5"],
         "--check-consistency compares replicas that train in lockstep; under --regime "
-        "async-ps the workers' weights differ by design"),
+        "async-server the workers' weights differ by design"),
     "negative hidden width": (["--hidden=-4"], "hidden must be >= 1, got -4"),
     "zero bucket size": (["--bucket-mb=0"], "bucket_mb must be > 0, got 0.0"),
     "NaN fraction": (["--val-fraction=nan"],
@@ -263,12 +264,12 @@ def test_bad_allreduce_arguments_end_every_rank(mpirun, case, algo):
     assert run.elapsed < WITHIN, run.output
 
 
-def test_async_ps_on_one_rank_names_the_rank_count(mpirun, hpctrain_cmd, files, tmp_path):
+def test_async_server_on_one_rank_names_the_rank_count(mpirun, hpctrain_cmd, files, tmp_path):
     # The one layout in training that a rank count cannot use: a server and no worker.
-    run = mpirun(1, [*hpctrain_cmd, "train", f"--data={files}/good.h5", "--regime=async-ps",
+    run = mpirun(1, [*hpctrain_cmd, "train", f"--data={files}/good.h5", "--regime=async-server",
                      f"--run-dir={tmp_path / 'run'}"], timeout=HANG)
     assert run.returncode == 2
-    assert "--regime async-ps needs at least 2 ranks: rank 0 serves, the others train" \
+    assert "--regime async-server needs at least 2 ranks: rank 0 serves, the others train" \
         in run.output
     assert run.elapsed < WITHIN
     assert not (tmp_path / "run").exists()

@@ -79,11 +79,11 @@ def test_kill_host_ends_every_rank_the_launcher_started_and_only_those(monkeypat
     ("train.first_step@0", []),                   # before the first forward pass
     ("train.step@1#7", []),                       # mid-epoch, after step 7 of 12
     ("train.reduce@0#3", []),                     # communication thread, in a bucket allreduce
-    ("train.reduce@1#3", ["--regime=ps"]),       # in a Reduce onto the parameter server
+    ("train.reduce@1#3", ["--regime=server"]),       # in a Reduce onto the parameter server
     ("train.checkpoint@0#2", ["--checkpoint-every=2 steps"]),     # rank 0 writing
     ("train.checkpoint@1#2", ["--checkpoint-every=2 steps"]),     # rank 1 passing it
-    ("train.serve@0#3", ["--regime=async-ps"]),   # the server, while the worker awaits it
-    ("train.push@1#3", ["--regime=async-ps"]),    # a worker, while the server awaits it
+    ("train.serve@0#3", ["--regime=async-server"]),   # the server, while the worker awaits it
+    ("train.push@1#3", ["--regime=async-server"]),    # a worker, while the server awaits it
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_a_rank_that_raises_ends_the_job(mpirun, train_cmd, tmp_path, fault, options):
     run_dir = tmp_path / "run"

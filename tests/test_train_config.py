@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from hpctrain.errors import UsageError
-from hpctrain.train.config import (ALLREDUCE, TrainConfig, checkpoint_interval, keys,
-                                   load_config, parse_overrides)
+from hpctrain.train.config import (ALLREDUCE, REGIMES, RENAMED_REGIMES, TrainConfig,
+                                   checkpoint_interval, keys, load_config, parse_overrides)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -85,7 +85,7 @@ def test_unknown_key_lists_the_valid_keys(tmp_path):
 
 @pytest.mark.parametrize("key, text, message", [
     ("allreduce", "rign", "not one of " + ", ".join(ALLREDUCE)),
-    ("regime", "sync", "not one of allreduce, ps, ps-sharded, async-ps"),
+    ("regime", "sync", "not one of allreduce, server, sharded-server, async-server"),
     ("epochs", "three", "not a valid int"),
     ("epochs", "0", "epochs must be >= 1"),
     ("val_fraction", "1", "val_fraction must be < 1.0"),
@@ -168,3 +168,35 @@ def test_cli_help_lists_every_key():
     assert result.returncode == 0
     for key in keys():
         assert f"--{key.replace('_', '-')} " in result.stdout
+
+
+@pytest.mark.parametrize("old, new", sorted(RENAMED_REGIMES.items()))
+def test_a_regime_s_old_name_still_works_and_says_the_new_one(tmp_path, caplog, old, new):
+    path = tmp_path / "old.toml"
+    path.write_text(f'regime = "{old}"\n')
+    for config in (load_config(None, [("regime", old)]), load_config(path),
+                   TrainConfig(regime=old)):
+        assert config.regime == new
+    said = [r.getMessage() for r in caplog.records if "is now called" in r.getMessage()]
+    assert said == [f"--regime {old} is now called --regime {new}, so that no regime shares "
+                    f"a name with an allreduce algorithm (--allreduce ps, ps-sharded): the "
+                    f"old name still works; give the new one"] * 3
+
+
+def test_every_regime_names_a_regime_class():
+    from hpctrain.train.build import regime_class
+    from hpctrain.train.regimes import Regime
+
+    assert all(issubclass(regime_class(name), Regime) for name in REGIMES)
+    assert not set(RENAMED_REGIMES) & set(REGIMES) and set(RENAMED_REGIMES.values()) <= \
+        set(REGIMES)
+
+
+def test_a_checkpoint_of_an_old_regime_name_resumes_under_the_new_one():
+    from hpctrain.train.resume import check_checkpoint
+
+    config = TrainConfig(regime="sharded-server")
+    saved = {"config": config.to_dict(), "world_size": 2, "regime": "ps-sharded"}
+    check_checkpoint(saved, config, 2, "checkpoint.pt")        # raises nothing
+    with pytest.raises(UsageError, match="was written by --regime ps-sharded"):
+        check_checkpoint(saved, TrainConfig(regime="server"), 2, "checkpoint.pt")

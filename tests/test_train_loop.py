@@ -68,7 +68,7 @@ def test_digits_are_prepared_on_first_use(tmp_path):
 @pytest.mark.parametrize("change, message", [
     ({"data": "missing.h5"}, "does not exist"),
     ({"x": "pixels"}, "no dataset 'pixels'"),
-    ({"regime": "async-ps"}, "needs at least 2 ranks"),
+    ({"regime": "async-server"}, "needs at least 2 ranks"),
     ({"resume": "nowhere.pt"}, "checkpoint 'nowhere.pt' does not exist"),
     ({"batch_size": 1000, "drop_last": True}, "leaves no batch"),
     ({"model": "cnn", "data": None}, "image samples"),
@@ -133,7 +133,7 @@ def backward(model):
     model(torch.ones(4, 3)).sum().backward()
 
 
-@pytest.mark.parametrize("regime", ["allreduce", "ps", "ps-sharded"])
+@pytest.mark.parametrize("regime", ["allreduce", "server", "sharded-server"])
 def test_a_regime_step_says_whether_it_updated(regime):
     # The loop learns from the step's result, not from a flag set on the side.
     steps, model, comm = started_regime(regime)

@@ -6,7 +6,7 @@
 - ``header``: the ``#`` header and ``config.toml``; ``resume``: checkpoint compatibility;
 - ``regimes``: synchronous regimes (allreduce through ``hpctrain.torch``, parameter server,
   sharded server);
-- ``async_ps``: the asynchronous parameter server;
+- ``async_server``: the asynchronous parameter server;
 - ``gradients``: the parameter servers' buckets, reduced during backward on a thread;
 - ``replicas``: broadcast of rank 0's state and the identical-weights check;
 - ``schedule``: linear learning-rate scaling with gradual warm-up;

@@ -4,6 +4,8 @@ Everything here but :func:`make_regime` and :func:`device` is local (no communic
 that bad input raises ``UsageError`` on every rank alike before the first collective.
 """
 
+import importlib
+
 import torch
 
 from ..devices import rank_device
@@ -11,25 +13,23 @@ from ..errors import UsageError
 from ..gpu_checks import check_cuda_visible, check_horovod_cuda
 from ..models import build_model
 from ..sampler import DistributedSampler
-from .async_ps import AsyncServerRegime
-from .config import checkpoint_interval
-from .regimes import AllreduceRegime, ServerRegime, ShardedServerRegime
+from .config import REGIMES, checkpoint_interval
 
 
 def check_world(config, size):
     """``UsageError`` (on every rank alike) for a world size or device the run cannot use."""
-    if config.regime == "async-ps":
+    if config.regime == "async-server":
         if size < 2:
-            raise UsageError("--regime async-ps needs at least 2 ranks: rank 0 serves, the "
+            raise UsageError("--regime async-server needs at least 2 ranks: rank 0 serves, the "
                              "others train")
         if checkpoint_interval(config.checkpoint_every)[1] == "step":
-            raise UsageError("--regime async-ps checkpoints at epoch ends only: use "
+            raise UsageError("--regime async-server checkpoints at epoch ends only: use "
                              "--checkpoint-every N (epochs)")
         if config.check_consistency:
             # Asynchronous workers hold different weights by design: a comparison would
             # report a divergence at every check.
             raise UsageError("--check-consistency compares replicas that train in lockstep; "
-                             "under --regime async-ps the workers' weights differ by design: "
+                             "under --regime async-server the workers' weights differ by design: "
                              "use --check-consistency 0 or another regime")
     if config.elastic and (config.regime != "allreduce" or config.allreduce == "horovod"):
         # The servers' roles and shards are fixed to ranks, and Horovod keeps its own world:
@@ -46,7 +46,7 @@ def make_sampler(config, num_rows, rank, size):
     if num_rows == 0:
         raise UsageError(f"--val-fraction {config.val_fraction:g} leaves no training rows of "
                          f"{config.data!r}: lower it, or use a larger data set")
-    if config.regime == "async-ps":
+    if config.regime == "async-server":
         rank, size = max(rank - 1, 0), size - 1  # the server takes no batches
     try:
         return DistributedSampler(num_rows, config.batch_size, rank, size,
@@ -83,12 +83,9 @@ def make_regime(config, model, comm, user_comm):
     # main thread makes no MPI call while buckets are being reduced.
     overlap = config.overlap and MPI.Query_thread() >= MPI.THREAD_SERIALIZED
     options = {"bucket_mb": config.bucket_mb, "overlap": overlap}
-    if config.regime == "async-ps":
-        return AsyncServerRegime(model, make_optimizer, comm)
-    if config.regime == "ps":
-        return ServerRegime(model, make_optimizer, comm, **options)
-    if config.regime == "ps-sharded":
-        return ShardedServerRegime(model, make_optimizer, comm, **options)
+    regime = regime_class(config.regime)
+    if config.regime != "allreduce":
+        return regime(model, make_optimizer, comm, **options)
     if config.allreduce == "auto":
         from ..collectives import auto
 
@@ -100,7 +97,13 @@ def make_regime(config, model, comm, user_comm):
         check_horovod_cuda(comm, "--allreduce horovod with --device cuda")
     # hpctrain.torch (and Horovod) keep the communicator they are started with: give them
     # the caller's, which outlives this run, not our duplicate, which close() frees.
-    return AllreduceRegime(model, make_optimizer, user_comm, algo=config.allreduce, **options)
+    return regime(model, make_optimizer, user_comm, algo=config.allreduce, **options)
+
+
+def regime_class(name):
+    """The class of the regime ``name`` (:data:`.config.REGIMES`)."""
+    module, _, cls = REGIMES[name].rpartition(".")
+    return getattr(importlib.import_module(f"{__package__}.{module}"), cls)
 
 
 def device(config, comm):

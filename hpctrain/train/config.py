@@ -21,6 +21,7 @@ from pathlib import Path
 from .. import plugins
 from ..collectives import ALGORITHMS, DEFAULT_ALLREDUCE, ENV_ALLREDUCE, auto
 from ..errors import UsageError
+from ..log import logger
 from ..models import MODELS
 
 try:
@@ -28,10 +29,20 @@ try:
 except ModuleNotFoundError:  # Python < 3.11
     import tomli as tomllib
 
+LOG = logger()
+
 #: The --allreduce names: the collectives' registry (each algorithm registers itself), and
 #: auto, which picks one of them per bucket size.
 ALLREDUCE = (*ALGORITHMS, "auto")
-REGIMES = ("allreduce", "ps", "ps-sharded", "async-ps")
+#: The --regime names, each with the class that runs it (``module.Class`` of this package,
+#: which :func:`.build.make_regime` imports: a configuration is checked before torch loads).
+REGIMES = {"allreduce": "regimes.AllreduceRegime", "server": "regimes.ServerRegime",
+           "sharded-server": "regimes.ShardedServerRegime",
+           "async-server": "async_server.AsyncServerRegime"}
+#: The regimes' old names, still read, with a warning, from command lines, files and the
+#: configurations and checkpoints that runs recorded: ``ps`` and ``ps-sharded`` also name
+#: allreduce algorithms (``--allreduce ps``), which are another thing.
+RENAMED_REGIMES = {"ps": "server", "ps-sharded": "sharded-server", "async-ps": "async-server"}
 OPTIMIZERS = ("sgd", "adam")
 DEVICES = ("cpu", "cuda")
 LR_SCALING = ("none", "linear")
@@ -72,7 +83,7 @@ class TrainConfig:
                                     "(seeded split)", minimum=0.0, below=1.0)
     split_seed: int = _key(0, "seed of the train/validation split")
     # --- model -----------------------------------------------------------------------------
-    model: str = _key("mlp", "model: a built-in name (mlp, cnn, wide) or your own, "
+    model: str = _key("mlp", f"model: a built-in name ({', '.join(MODELS)}) or your own, "
                       "package.module:factory with factory(sample_shape, classes) -> nn.Module")
     hidden: int = _key(128, "hidden width of mlp (and channels of cnn)", minimum=1)
     model_mb: float = _key(16.0, "parameter (= gradient) size of the wide model in MB",
@@ -101,8 +112,10 @@ class TrainConfig:
                              "schedule still spans all epochs", minimum=0)
     eval_batch_size: int = _key(512, "batch size of the validation pass", minimum=1)
     # --- communication ---------------------------------------------------------------------
-    regime: str = _key("allreduce", "allreduce (synchronous), ps (synchronous parameter "
-                                    "server), ps-sharded, async-ps", choices=REGIMES)
+    regime: str = _key("allreduce", "allreduce (synchronous), server (a synchronous "
+                                    "parameter server on rank 0), sharded-server (every rank "
+                                    "serves a shard), async-server (asynchronous, rank 0 "
+                                    "serves)", choices=tuple(REGIMES))
     allreduce: str = _key(DEFAULT_ALLREDUCE, "how --regime allreduce averages gradients "
                                              "(auto: per bucket size, from "
                                              "--allreduce-profile)",
@@ -146,6 +159,7 @@ class TrainConfig:
                                        "(0: never)", minimum=0.0)
 
     def __post_init__(self):
+        object.__setattr__(self, "regime", current_regime(self.regime))
         for f in fields(self):
             _check_value(f, getattr(self, f.name))
         checkpoint_interval(self.checkpoint_every)
@@ -170,6 +184,18 @@ class TrainConfig:
     def to_toml(self):
         """The configuration as a TOML file that ``--config`` reads back."""
         return "".join(f"{key} = {_toml_value(value)}\n" for key, value in self.to_dict().items())
+
+
+def current_regime(name):
+    """The regime ``name`` stands for: itself, or the new name of an old one
+    (:data:`RENAMED_REGIMES`), with a warning that says so."""
+    new = RENAMED_REGIMES.get(name)
+    if new is None:
+        return name
+    LOG.warning(f"--regime {name} is now called --regime {new}, so that no regime shares a "
+                f"name with an allreduce algorithm (--allreduce ps, ps-sharded): the old name "
+                f"still works; give the new one")
+    return new
 
 
 def keys():

@@ -43,7 +43,7 @@ def write(config, data, model, regime, *, size, device, schedule, updates_per_ep
 def batch_line(config, sampler, size, updates_per_epoch):
     """The global batch and steps per epoch of ``sampler`` over ``size`` ranks."""
     c, s = config, sampler
-    if c.regime == "async-ps":
+    if c.regime == "async-server":
         return (f"batch {c.batch_size} per worker x {size - 1} workers (rank 0 serves); "
                 f"{updates_per_epoch} updates per epoch")
     return (f"global batch {s.global_batch_size} = {c.batch_size} per rank x {size} "

@@ -62,7 +62,7 @@ class TrainResult:
 
     state: dict       # final model state (CPU copies), identical on every rank
     history: list     # one dict per epoch: the rows of metrics.csv
-    step: int         # optimizer steps (server updates for async-ps) in all
+    step: int         # optimizer steps (server updates for async-server) in all
     checksum: int     # fingerprint of the final weights, checked equal on every rank
     run_path: Path
     skipped: int = 0  # updates skipped for a NaN or Inf (--nonfinite skip)
@@ -81,17 +81,17 @@ class EpochSums:
     exposed_s: float = 0.0
     comm_s: float = 0.0
     wall_s: float = 0.0
-    updates: float = 0.0       # async-ps: updates the server applied
-    staleness: float = 0.0     # async-ps: sum of the applied gradients' staleness
+    updates: float = 0.0       # async-server: updates the server applied
+    staleness: float = 0.0     # async-server: sum of the applied gradients' staleness
     staleness_max: float = 0.0
     server_s: float = 0.0
 
 
 @dataclass
 class Position:
-    """Where a run stands: optimizer steps done (server updates under async-ps), the step
+    """Where a run stands: optimizer steps done (server updates under async-server), the step
     this attempt started at, and the updates skipped for a NaN or Inf (``--nonfinite
-    skip``; under async-ps, by this worker)."""
+    skip``; under async-server, by this worker)."""
 
     step: int = 0
     start: int = 0
@@ -224,17 +224,17 @@ class Run:
 
     @property
     def asynchronous(self):
-        """True under ``--regime async-ps``: rank 0 serves, the other ranks train."""
-        return self.config.regime == "async-ps"
+        """True under ``--regime async-server``: rank 0 serves, the other ranks train."""
+        return self.config.regime == "async-server"
 
     @property
     def trainers(self):
-        """The number of ranks that train (all but the server under async-ps)."""
+        """The number of ranks that train (all but the server under async-server)."""
         return self.size - 1 if self.asynchronous else self.size
 
     @property
     def updates_per_epoch(self):
-        """Optimizer steps (server updates under async-ps) in a whole epoch."""
+        """Optimizer steps (server updates under async-server) in a whole epoch."""
         return self.data.epoch_batches * (self.trainers if self.asynchronous else 1)
 
     def _check_inputs(self, config, open_data):
@@ -466,7 +466,7 @@ class Run:
             print(report.epoch_line(row, self.config.epochs), flush=True)
         self.measured.add(row)
         # A stop at max_steps may fall mid-epoch: the checkpoint then keeps the position
-        # inside the epoch. (async-ps has no position inside an epoch: its server reads no
+        # inside the epoch. (async-server has no position inside an epoch: its server reads no
         # batches; a stop there counts as the end of the epoch.)
         complete = self.asynchronous or sampler.batch >= len(sampler)
         finished = self.position.reached_max_steps() or (

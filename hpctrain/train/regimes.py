@@ -281,7 +281,7 @@ class _BucketRegime(Regime):
 
 
 class ServerRegime(_BucketRegime):
-    """A synchronous parameter server on rank 0 (``--regime ps``).
+    """A synchronous parameter server on rank 0 (``--regime server``).
 
     Every rank, rank 0 included, computes gradients on its share of the global batch; they
     are summed onto rank 0 bucket by bucket while backward runs; rank 0 averages them, takes
@@ -327,7 +327,7 @@ def _broadcast_bucket_weights(bucket, comm, root):
 
 
 class ShardedServerRegime(_BucketRegime):
-    """Every rank serves a shard of every bucket (``--regime ps-sharded``).
+    """Every rank serves a shard of every bucket (``--regime sharded-server``).
 
     Bucket b's flat vector is cut into ``size`` contiguous shards; rank r owns shard r: it
     receives the summed gradient of that shard (``Reduce_scatter``), steps an optimizer that
@@ -412,5 +412,5 @@ class ShardedServerRegime(_BucketRegime):
         """Keep a saved sharded state; ``broadcast_initial`` hands each rank its shard."""
         if not state.get("sharded") or state["world_size"] != self.comm.Get_size():
             raise ValueError("this checkpoint's optimizer state was not written by "
-                             f"--regime ps-sharded on {self.comm.Get_size()} ranks")
+                             f"--regime sharded-server on {self.comm.Get_size()} ranks")
         self._pending_state = state

@@ -7,6 +7,7 @@ instead of silently training something else.
 import os
 
 from ..errors import UsageError
+from .config import RENAMED_REGIMES
 
 
 def _model_options(config):
@@ -41,7 +42,9 @@ def check_checkpoint(saved, config, size, path):
                          f"this run's: {listed}; a resumed run must continue the same "
                          f"training: resume with {same}, or start a new run (another "
                          f"--run-dir, without --resume)")
-    was_sharded, is_sharded = saved.get("regime") == "ps-sharded", config.regime == "ps-sharded"
+    # A checkpoint written before the regimes were renamed holds the old name.
+    was = RENAMED_REGIMES.get(saved.get("regime"), saved.get("regime"))
+    was_sharded, is_sharded = was == "sharded-server", config.regime == "sharded-server"
     if was_sharded != is_sharded:
         raise UsageError(f"checkpoint {str(path)!r} was written by --regime "
                          f"{saved.get('regime')}; its optimizer state does not fit --regime "

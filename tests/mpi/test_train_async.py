@@ -18,7 +18,7 @@ DATA = SyntheticData(rows=400, shape=(16,), classes=4, seed=5, noise=1.0)
 @pytest.fixture
 def config(comm, data_file, tmp_path):
     run_dir = comm.bcast(str(tmp_path), root=0)
-    return TrainConfig(data=str(data_file), run_dir=run_dir, regime="async-ps", hidden=16,
+    return TrainConfig(data=str(data_file), run_dir=run_dir, regime="async-server", hidden=16,
                        epochs=2, batch_size=8, lr=0.05, progress="never")
 
 

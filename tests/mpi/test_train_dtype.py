@@ -3,7 +3,7 @@
 Run under mpirun at every N: ``mpirun -np N python -m pytest --with-mpi tests/mpi``. The model
 comes from a ``--model package.module:factory`` plug-in (:func:`float64_mlp`, defined here)
 whose parameters are float64; the data file holds float32 samples, which the loop casts to
-the model's dtype. ``--regime ps`` and ``--regime ps-sharded`` must reach the weights of
+the model's dtype. ``--regime server`` and ``--regime sharded-server`` must reach the weights of
 ``--regime allreduce`` (ring) on the same batches: they sum the same gradients in another
 order, so they agree to a few float64 roundings, far below float32's precision. A
 gradient or weight that travelled as float32 anywhere would miss that tolerance by orders of
@@ -57,7 +57,7 @@ def differences(result, reference, tol):
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("regime", ["ps", "ps-sharded"])
+@pytest.mark.parametrize("regime", ["server", "sharded-server"])
 def test_float64_model_matches_allreduce_under_parameter_servers(comm, config, regime):
     reference = train(dataclasses.replace(config, regime="allreduce", allreduce="ring"), comm)
     result = train(dataclasses.replace(config, regime=regime, allreduce="ring"), comm)
@@ -70,7 +70,7 @@ def test_float64_model_matches_allreduce_under_parameter_servers(comm, config, r
 @pytest.mark.mpi(min_size=2)
 def test_float64_model_trains_under_the_asynchronous_server(comm, config):
     # Not deterministic (arrival order), so no reference: it must run and stay float64.
-    result = train(dataclasses.replace(config, regime="async-ps"), comm)
+    result = train(dataclasses.replace(config, regime="async-server"), comm)
     failures = [f"{name}: dtype {t.dtype}" for name, t in result.state.items()
                 if t.dtype != torch.float64]
     failures += [f"{name}: not finite" for name, t in result.state.items()

@@ -42,7 +42,7 @@ def test_bad_input_raises_usage_error_on_every_rank(comm, config, change, match)
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("regime", ["allreduce", "ps", "ps-sharded", "async-ps"])
+@pytest.mark.parametrize("regime", ["allreduce", "server", "sharded-server", "async-server"])
 def test_ranks_with_different_models_fail_together(comm, config, regime):
     # Only the last rank builds another model: the servers' bucket check, or the initial
     # broadcast's layout check, catches it before any collective could pair buffers of

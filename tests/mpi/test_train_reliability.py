@@ -18,8 +18,8 @@ from conftest import SyntheticData, from_rank0
 
 pytestmark = pytest.mark.mpi
 
-REGIMES = [("allreduce", "ring"), ("allreduce", "horovod"), ("ps", "ring"),
-           ("ps-sharded", "ring")]
+REGIMES = [("allreduce", "ring"), ("allreduce", "horovod"), ("server", "ring"),
+           ("sharded-server", "ring")]
 #: conftest's data_file: 64 training rows, 4 steps per epoch of batch 4 per rank at N = 4:
 #: step 4 is in epoch 1 at every N, and the run's 2 epochs reach the check at step 6.
 DATA = SyntheticData(rows=80, shape=(6,), classes=3, seed=4, noise=1.5)

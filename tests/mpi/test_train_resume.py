@@ -31,7 +31,7 @@ def same(a, b):
 
 @pytest.mark.parametrize("regime, algo, every", [
     ("allreduce", "ring", "3 steps"), ("allreduce", "butterfly", "1"),
-    ("ps-sharded", "ring", "2 steps"), ("ps", "ring", "1"), ("allreduce", "horovod", "1"),
+    ("sharded-server", "ring", "2 steps"), ("server", "ring", "1"), ("allreduce", "horovod", "1"),
 ])
 def test_resume_reproduces_the_uninterrupted_run(comm, config, regime, algo, every):
     config = dataclasses.replace(config, regime=regime, allreduce=algo)

@@ -1,4 +1,4 @@
-"""``--regime async-ps``: an asynchronous parameter server over point-to-point messages.
+"""``--regime async-server``: an asynchronous parameter server over point-to-point messages.
 
 Rank 0 is the server and trains nothing; ranks 1 … N-1 are workers with their own shares of
 the data (the sampler runs over N-1 workers). A worker loops without any global barrier:
@@ -30,8 +30,8 @@ from .regimes import Regime
 from .replicas import broadcast_model, start_from_root
 
 SERVER = 0
-TAG_PUSH, TAG_GRAD, TAG_VERSION, TAG_WEIGHTS = (tags.ASYNC_PS_PUSH, tags.ASYNC_PS_GRAD,
-                                               tags.ASYNC_PS_VERSION, tags.ASYNC_PS_WEIGHTS)
+TAG_PUSH, TAG_GRAD = tags.ASYNC_SERVER_PUSH, tags.ASYNC_SERVER_GRAD
+TAG_VERSION, TAG_WEIGHTS = tags.ASYNC_SERVER_VERSION, tags.ASYNC_SERVER_WEIGHTS
 
 
 class AsyncServerRegime(Regime):
@@ -40,7 +40,9 @@ class AsyncServerRegime(Regime):
     ``comm_seconds`` stays NaN: the workers' push/pull times are added up per epoch.
     """
 
-    def __init__(self, model, make_optimizer, comm):
+    def __init__(self, model, make_optimizer, comm, *, bucket_mb=None, overlap=None):
+        # bucket_mb, overlap: the synchronous regimes' options, taken alike; not used here
+        # (a worker pushes its whole gradient at once, on the main thread).
         self.model, self.comm = model, comm
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(self.params)
