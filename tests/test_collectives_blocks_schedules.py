@@ -15,7 +15,7 @@ import pytest
 from fake_comm import BUFFERED, Deadlock, run_ranks
 from hpctrain.collectives import DTYPES, REGISTRIES, algorithm
 from hpctrain.collectives.broadcast_scatter_allgather import scatter_allgather_schedule
-from hpctrain.collectives.reduce import host_reducer
+from hpctrain.collectives.kernels import host_reducer
 
 EAGER = [pytest.param(0, id="sync"), pytest.param(BUFFERED, id="buffered")]
 

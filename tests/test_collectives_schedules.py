@@ -21,7 +21,7 @@ from fake_comm import BUFFERED, Deadlock, run_ranks, waitall
 from hpctrain.collectives import ALGORITHMS, DTYPES, Algorithm, algorithm, butterfly
 from hpctrain.collectives import hierarchical, ring, tree
 from hpctrain.collectives.plans import Plan
-from hpctrain.collectives.reduce import host_reducer
+from hpctrain.collectives.kernels import host_reducer
 
 #: The algorithms that move the data themselves (a schedule of their own), by the registry.
 OURS = sorted(name for name, a in ALGORITHMS.items()

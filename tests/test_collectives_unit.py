@@ -15,7 +15,7 @@ from hpctrain.collectives import algorithm, buffers
 from hpctrain.collectives.allgather_call import AllgatherAlgorithm
 from hpctrain.collectives.check import algorithm_code
 # By its path: the package's attribute ``reduce`` is the collective, not this module.
-from hpctrain.collectives.reduce import averager, host_reducer
+from hpctrain.collectives.kernels import averager, host_reducer
 from hpctrain.collectives.registry import FIRST_TAG, INTERFACES, interface, register
 from hpctrain.errors import UsageError
 

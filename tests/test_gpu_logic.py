@@ -353,7 +353,7 @@ def waits(monkeypatch):
 @pytest.mark.parametrize("dtype, total, want", [("float32", 6.0, 2.0), ("int64", -7, -3),
                                                 ("bfloat16", 6.0, 2.0)])
 def test_the_average_on_the_device_waits_for_its_division(waits, dtype, total, want):
-    from hpctrain.collectives.reduce import averager
+    from hpctrain.collectives.kernels import averager
 
     flat = torch.full((5,), total, dtype=DTYPES[dtype].torch)
     averager(DTYPES[dtype], 3, on_device=True)(flat)
@@ -364,7 +364,7 @@ def test_the_average_on_the_device_waits_for_its_division(waits, dtype, total, w
 def test_the_average_on_the_host_has_no_stream_to_wait_for(waits):
     import numpy as np
 
-    from hpctrain.collectives.reduce import averager
+    from hpctrain.collectives.kernels import averager
 
     flat = np.full(4, 9.0, dtype=np.float32)
     averager(DTYPES["float32"], 3, on_device=False)(flat)

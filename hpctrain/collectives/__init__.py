@@ -33,21 +33,20 @@ allgather: ``ring``, ``butterfly``, ``mpi``; reduce_scatter: ``ring``, ``butterf
 reduce: ``tree``, ``mpi`` (``REGISTRIES``; :func:`companion` names the one that goes with an
 allreduce algorithm).
 
-The package, one concept per module (docs/collectives.md has the table): ``dtypes``
-(element types and ops), ``reduce.py`` (reduction kernels; the package's name ``reduce`` is
-the collective), ``algorithm`` (the interface every algorithm implements), ``registry``
-(the registries, ``@register``, ``@interface``, ``companion``), ``bench_plugin`` (a
-collective's benchmark), ``check`` (the mismatch check), ``contexts`` (the per-communicator
-cache), ``plans`` (a call planned once), ``buffers`` (flattening, staging, fusing),
-``arguments`` (the calls' argument checks), ``driver`` (``allreduce``,
-``allreduce_fused``), one module per other collective with its interface, bench plug-in
-and call (``allgather_call.py``, ``reducescatter_call.py``, ``alltoall_call.py``,
-``broadcast_call.py``, ``reduce_call.py``), ``cost`` (the α-β-γ model), then one module per
-algorithm (``ring.py``, ..., ``allgather_ring.py``, ``alltoall_pairwise.py``,
-``broadcast_tree.py``, ``reduce_tree.py``, ...). Every allreduce algorithm takes the same
-buffers (NumPy arrays, torch tensors on CPU or CUDA), dtypes (``DTYPES``) and ops (``OPS``)
-and reduces on a private duplicate of the communicator. docs/collectives.md gives each
-algorithm's cost and where it should win.
+The package, one concept per module (docs/collectives.md has the table): ``dtypes`` (element
+types and ops), ``kernels`` (the reduction kernels), ``algorithm`` (the interface every
+algorithm implements), ``registry`` (the registries, ``@register``, ``@interface``,
+``companion``), ``bench_plugin`` (a collective's benchmark), ``check`` (the mismatch check),
+``contexts`` (the per-communicator cache), ``plans`` (a call planned once), ``buffers``
+(flattening, staging, fusing), ``arguments`` (the calls' argument checks), ``driver``
+(``allreduce``, ``allreduce_fused``), one module per other collective with its interface,
+bench plug-in and call (``allgather_call.py``, ``reducescatter_call.py``,
+``alltoall_call.py``, ``broadcast_call.py``, ``reduce_call.py``), ``cost`` (the α-β-γ
+model), then one module per algorithm (``ring.py``, ..., ``allgather_ring.py``,
+``alltoall_pairwise.py``, ``broadcast_tree.py``, ``reduce_tree.py``, ...). Every allreduce
+algorithm takes the same buffers (NumPy arrays, torch tensors on CPU or CUDA), dtypes
+(``DTYPES``) and ops (``OPS``) and reduces on a private duplicate of the communicator.
+docs/collectives.md gives each algorithm's cost and where it should win.
 """
 
 import importlib.util
@@ -68,9 +67,6 @@ from .check import MismatchError
 from .contexts import context
 from .driver import allreduce, allreduce_fused
 from .dtypes import DTYPES, OPS
-# The collective ``reduce`` takes the package's attribute of that name from the kernels'
-# module (reduce.py): import the kernels by their module's path, ``from
-# hpctrain.collectives.reduce import host_reducer``, which still finds the module.
 from .reduce_call import reduce
 from .reducescatter_call import reduce_scatter
 from .registry import ALGORITHMS, DEFAULT_ALLREDUCE, ENV_ALLREDUCE, REGISTRIES, companion

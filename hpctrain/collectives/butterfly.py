@@ -24,7 +24,7 @@ import numpy as np
 
 from .algorithm import Algorithm, chunk_bounds, flat_cost
 from .dtypes import mpi_datatype
-from .reduce import add_few
+from .kernels import add_few
 from .registry import register
 from ..errors import UsageError
 

@@ -10,7 +10,7 @@ but slower than the library's built-in operations.
 """
 
 from .algorithm import Algorithm
-from .reduce import host_reducer
+from .kernels import host_reducer
 from .registry import ALGORITHMS, register
 
 _OPS = {}   # (dtype name, op) -> (MPI.IN_PLACE, MPI.Op): looked up once per call

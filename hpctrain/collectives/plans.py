@@ -19,7 +19,7 @@ from .algorithm import Algorithm
 from .buffers import on_device as device_path, run_staged
 from .check import call_vector
 from .dtypes import DType, OPS, choices
-from .reduce import averager, device_reducer, host_reducer
+from .kernels import averager, device_reducer, host_reducer
 from .registry import ALGORITHMS
 
 

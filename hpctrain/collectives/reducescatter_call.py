@@ -21,7 +21,7 @@ from .bench_plugin import SIZE_IN_BLOCKS, BenchCommand, BenchPlugin, blocks_bus_
 from .buffers import execute, flatten
 from .contexts import context, shape
 from .dtypes import OPS, choices
-from .reduce import averager, device_reducer, host_reducer
+from .kernels import averager, device_reducer, host_reducer
 from .registry import interface, lookup
 
 
