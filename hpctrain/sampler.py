@@ -1,4 +1,4 @@
-"""Which rows each rank reads: the distributed batch sampler and the validation shard.
+"""Which rows each rank reads: the global batch sampler and the validation shard.
 
 One *global* sample order per epoch, the same on every rank: a permutation seeded by
 ``seed + epoch`` (like PyTorch's ``DistributedSampler``), cut into global batches of
@@ -24,8 +24,10 @@ import math
 import numpy as np
 
 
-class DistributedSampler:
-    """This rank's batches of positions ``0 … num_samples-1``, epoch after epoch.
+class GlobalBatchSampler:
+    """This rank's batches of positions ``0 … num_samples-1``, epoch after epoch: its slice
+    of each global batch. (PyTorch's ``DistributedSampler`` yields one index at a time, and
+    no batches: another contract, hence another name.)
 
     Iterating yields the batches of the current epoch from the current position on and
     advances the position; call ``set_epoch`` before each epoch. ``rank`` and ``size`` may

@@ -5,11 +5,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpctrain.sampler import DistributedSampler, shard_indices
+from hpctrain.sampler import GlobalBatchSampler, shard_indices
 
 
 def rank_batches(n, batch, size, epoch, **options):
-    samplers = [DistributedSampler(n, batch, r, size, **options) for r in range(size)]
+    samplers = [GlobalBatchSampler(n, batch, r, size, **options) for r in range(size)]
     for s in samplers:
         s.set_epoch(epoch)
     return [list(s) for s in samplers]
@@ -42,7 +42,7 @@ def test_drop_last_shares_are_disjoint(world):
     n, batch, size, epoch, seed = world
     if n < batch * size:
         with pytest.raises(ValueError, match="global batch"):
-            DistributedSampler(n, batch, 0, size, drop_last=True)
+            GlobalBatchSampler(n, batch, 0, size, drop_last=True)
         return
     per_rank = rank_batches(n, batch, size, epoch, seed=seed, drop_last=True)
     seen = np.concatenate([x for b in per_rank for x in b]).tolist()
@@ -61,16 +61,16 @@ def test_n_ranks_see_what_one_rank_with_the_global_batch_sees(world):
 
 
 def test_shuffle_depends_on_seed_and_epoch_only():
-    a = DistributedSampler(100, 10, 1, 2, seed=3)
-    b = DistributedSampler(100, 10, 1, 2, seed=3)
+    a = GlobalBatchSampler(100, 10, 1, 2, seed=3)
+    b = GlobalBatchSampler(100, 10, 1, 2, seed=3)
     assert np.array_equal(a.global_order(2), b.global_order(2))
     assert not np.array_equal(a.global_order(2), a.global_order(3))
-    assert np.array_equal(DistributedSampler(10, 2, shuffle=False).global_order(4),
+    assert np.array_equal(GlobalBatchSampler(10, 2, shuffle=False).global_order(4),
                           np.arange(10))
 
 
 def test_position_resumes_mid_epoch():
-    sampler = DistributedSampler(50, 4, 1, 3, seed=1)
+    sampler = GlobalBatchSampler(50, 4, 1, 3, seed=1)
     sampler.set_epoch(2)
     batches = list(sampler)
     sampler.set_epoch(2)
@@ -78,7 +78,7 @@ def test_position_resumes_mid_epoch():
     next(it), next(it)
     state = sampler.state_dict()
     assert state == {"epoch": 2, "batch": 2, "start": 0}
-    resumed = DistributedSampler(50, 4, 1, 3, seed=1)
+    resumed = GlobalBatchSampler(50, 4, 1, 3, seed=1)
     resumed.load_state_dict(state)
     rest = list(resumed)
     assert all(np.array_equal(x, y) for x, y in zip(rest, batches[2:]))
@@ -91,11 +91,11 @@ def test_an_epoch_resumed_on_other_ranks_trains_each_sample_once(world, new_size
     # An elastic job loses (or gains) ranks mid-epoch: the rest of the epoch goes to the new
     # ranks without repeating a sample the old ones trained on, nor skipping one.
     n, batch, size, epoch, seed = world
-    old = DistributedSampler(n, batch, 0, size, seed=seed)
+    old = GlobalBatchSampler(n, batch, 0, size, seed=seed)
     old.set_epoch(epoch)
     old.batch = min(done, len(old))
     trained = set(old.global_order(epoch)[:old.batch * batch * size].tolist())
-    rest = [DistributedSampler(n, batch, r, new_size, seed=seed) for r in range(new_size)]
+    rest = [GlobalBatchSampler(n, batch, r, new_size, seed=seed) for r in range(new_size)]
     for sampler in rest:
         sampler.load_state_dict(old.state_dict(), size=size)
     shares = [np.concatenate(list(s) or [np.empty(0, int)]).tolist() for s in rest]
@@ -116,7 +116,7 @@ def test_an_epoch_resumed_on_other_ranks_trains_each_sample_once(world, new_size
                                            ((0, 2), "num_samples")])
 def test_bad_arguments_give_the_valid_range(args, message):
     with pytest.raises(ValueError, match=message):
-        DistributedSampler(*args)
+        GlobalBatchSampler(*args)
 
 
 @settings(max_examples=200, deadline=None)

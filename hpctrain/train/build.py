@@ -12,7 +12,7 @@ from ..devices import rank_device
 from ..errors import UsageError
 from ..gpu_checks import check_cuda_visible, check_horovod_cuda
 from ..models import build_model
-from ..sampler import DistributedSampler
+from ..sampler import GlobalBatchSampler
 from .config import REGIMES, checkpoint_interval
 
 
@@ -42,14 +42,14 @@ def check_world(config, size):
 
 
 def make_sampler(config, num_rows, rank, size):
-    """This rank's ``DistributedSampler`` over ``num_rows`` training rows."""
+    """This rank's ``GlobalBatchSampler`` over ``num_rows`` training rows."""
     if num_rows == 0:
         raise UsageError(f"--val-fraction {config.val_fraction:g} leaves no training rows of "
                          f"{config.data!r}: lower it, or use a larger data set")
     if config.regime == "async-server":
         rank, size = max(rank - 1, 0), size - 1  # the server takes no batches
     try:
-        return DistributedSampler(num_rows, config.batch_size, rank, size,
+        return GlobalBatchSampler(num_rows, config.batch_size, rank, size,
                                   shuffle=config.shuffle, seed=config.seed,
                                   drop_last=config.drop_last)
     except ValueError as exc:

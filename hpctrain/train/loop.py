@@ -111,7 +111,7 @@ class RunData:
     dataset: object
     train_rows: np.ndarray
     val_rows: np.ndarray
-    sampler: object         # hpctrain.sampler.DistributedSampler
+    sampler: object         # hpctrain.sampler.GlobalBatchSampler
     dtype: torch.dtype      # samples are cast to the dtype of the model's weights
     prepared: bool = False  # the digits file was prepared by this run
     # Batches of a whole epoch, counted before a resume, which may start mid-epoch.

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from hpctrain.data import HDF5Dataset, split_indices
 from hpctrain.models import build_model
-from hpctrain.sampler import DistributedSampler
+from hpctrain.sampler import GlobalBatchSampler
 from hpctrain.train import train
 from hpctrain.train.config import ALLREDUCE
 
@@ -36,7 +36,7 @@ def reference_weights(config, size):
     """One process, batch ``size × b``, plain SGD: what N ranks must reproduce."""
     with HDF5Dataset(config.data) as data:
         rows, _ = split_indices(len(data), config.val_fraction, config.split_seed)
-        sampler = DistributedSampler(len(rows), config.batch_size * size, 0, 1,
+        sampler = GlobalBatchSampler(len(rows), config.batch_size * size, 0, 1,
                                      seed=config.seed)
         model = build_model(config.model, data.sample_shape, data.num_classes,
                             hidden=config.hidden, seed=config.seed)
@@ -87,7 +87,7 @@ def test_each_rank_reads_a_disjoint_share_of_every_global_batch(comm, config):
     """The ranks' rows of each step are disjoint and make up the global batch."""
     with HDF5Dataset(config.data) as data:
         rows, _ = split_indices(len(data), config.val_fraction, config.split_seed)
-    sampler = DistributedSampler(len(rows), PER_RANK_BATCH, comm.rank, comm.size, seed=3)
+    sampler = GlobalBatchSampler(len(rows), PER_RANK_BATCH, comm.rank, comm.size, seed=3)
     for epoch in range(3):
         sampler.set_epoch(epoch)
         mine = [rows[p] for p in sampler]
