@@ -17,19 +17,9 @@ from .optimizer import DistributedOptimizer
 from .process_sets import ProcessSet, global_process_set
 from ..collectives import horovod
 
-#: The operations of :mod:`.ops` that the public functions dispatch.
-OPS = (
-    "add_process_set", "allgather", "allgather_async", "allgather_object", "allreduce",
-    "allreduce_", "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async",
-    "barrier", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
-    "broadcast_object", "grouped_allgather", "grouped_allgather_async", "grouped_allreduce",
-    "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_",
-    "grouped_reducescatter", "grouped_reducescatter_async", "join", "poll", "reducescatter",
-    "reducescatter_async", "remove_process_set", "sparse_allreduce_async", "synchronize",
-    "start_timeline", "stop_timeline",
-)
-#: Every public function that goes through the backend.
-DISPATCHED = OPS + ("broadcast_parameters", "broadcast_optimizer_state",
+#: Every public function that goes through the backend: the operations of :mod:`.ops`
+#: (:data:`~hpctrain.torch.ops.OPERATIONS`) and three of the others.
+DISPATCHED = ops.OPERATIONS + ("broadcast_parameters", "broadcast_optimizer_state",
                     "DistributedOptimizer")
 
 
@@ -38,7 +28,7 @@ class NativeBackend:
     ``NATIVE.allreduce`` is :func:`hpctrain.torch.ops.allreduce`, and so on."""
 
     def __init__(self):
-        for name in OPS:
+        for name in ops.OPERATIONS:
             setattr(self, name, getattr(ops, name))
         self.broadcast_parameters = functions.broadcast_parameters
         self.broadcast_optimizer_state = functions.broadcast_optimizer_state

@@ -46,3 +46,13 @@ __all__ = [
     "sparse_allreduce_async", "start_timeline", "stop_timeline", "synchronize", "unsupported",
     "wait_event",
 ]
+
+#: What the package exports that is no operation: the ops (``Sum``, ...), the error, and what
+#: the other modules of hpctrain.torch build on.
+NOT_OPERATIONS = ("Adasum", "Average", "HorovodInternalError", "Max", "Min", "Product", "Sum",
+                  "bcast_tensors", "caller_event", "check_tensor", "object_call",
+                  "reduce_flat", "resolve_op", "unsupported", "wait_event")
+#: The operations, in Horovod's names: every other name of ``__all__``, what
+#: :mod:`hpctrain.torch`'s public functions hand to this package (or to Horovod) through
+#: their backend (:mod:`hpctrain.torch.backends`).
+OPERATIONS = tuple(name for name in __all__ if name not in NOT_OPERATIONS)
