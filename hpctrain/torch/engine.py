@@ -80,6 +80,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -209,6 +210,14 @@ class Signature:
 INVALID = Signature("invalid")
 
 
+class OpKey(NamedTuple):
+    """What pairs an operation across ranks: its process set and its name (the key of the
+    table, the cache and this rank's pending requests)."""
+
+    set_id: int
+    name: str
+
+
 class Request:
     """This rank's side of one operation.
 
@@ -241,8 +250,8 @@ class Request:
 
     @property
     def key(self):
-        """The (process set, name) pair that pairs this request with the other ranks'."""
-        return (self.set_id, self.name)
+        """What pairs this request with the other ranks': its process set and name."""
+        return OpKey(self.set_id, self.name)
 
 
 def _ranks(ranks):
@@ -289,7 +298,7 @@ class OpAsked:
 
     @property
     def key(self):
-        return (self.set_id, self.name)
+        return OpKey(self.set_id, self.name)
 
 
 @dataclass(frozen=True)
@@ -405,7 +414,7 @@ class Response:
     a mismatch's message)."""
 
     number: int
-    key: tuple
+    key: OpKey
     signature: Signature
     describes: dict
 
@@ -556,7 +565,7 @@ class StallInspector:
         now = time.monotonic()
         for key, entry in table.items():
             if self.rule.warn(key, now - entry.since):
-                LOG.warning(stalled(repr(key[1]), now - entry.since, missing(key, entry),
+                LOG.warning(stalled(repr(key.name), now - entry.since, missing(key, entry),
                                     "asked for it") +
                             ": a rank that skips a collective, or issues it under another "
                             "name, stalls the others")
@@ -568,7 +577,7 @@ class StallInspector:
         for key, entry in table.items():
             if self.rule.give_up(self.clock - entry.first):
                 limit = self.settings.stall_shutdown_s
-                return (stalled(repr(key[1]), self.clock - entry.first, missing(key, entry),
+                return (stalled(repr(key.name), self.clock - entry.first, missing(key, entry),
                                 "asked for it") +
                         f" (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS={limit:g})")
         return None
@@ -604,7 +613,7 @@ class StallInspector:
         if self.clock - self._quiet_since < self.settings.deadlock_s:
             return None
         self._quiet_since = None
-        waits = [f"{key[1]!r} asked for by rank(s) {_ranks(entry.signatures)}, never by "
+        waits = [f"{key.name!r} asked for by rank(s) {_ranks(entry.signatures)}, never by "
                  f"rank(s) {_ranks(missing(key, entry))}" for key, entry in table.items()]
         return ("deadlock: every rank is waiting for an operation that another rank will "
                 "never ask for (ranks must ask for the same names): " + "; ".join(waits))
@@ -919,7 +928,7 @@ class Engine:
 
     def _missing(self, key, entry):
         """The members of ``key``'s set that have neither asked for it nor joined."""
-        members = self._members(key[0]) if key[0] in self.sets else []
+        members = self._members(key.set_id) if key.set_id in self.sets else []
         return [r for r in members if r not in entry.signatures and r not in self.joins]
 
     def _run_ready(self):
@@ -928,9 +937,9 @@ class Engine:
         ran = False
         for key in list(self._table):
             entry = self._table[key]
-            members = self._members(key[0]) if key[0] in self.sets else None
+            members = self._members(key.set_id) if key.set_id in self.sets else None
             if members is None:
-                self._fail_entry(key, entry, f"process set {key[0]} has been removed")
+                self._fail_entry(key, entry, f"process set {key.set_id} has been removed")
                 continue
             joined = [r for r in members if r in self.joins and r not in entry.signatures]
             if any(r not in entry.signatures and r not in joined for r in members):
@@ -959,10 +968,10 @@ class Engine:
         request = self.pending.pop(key)
         if request is None and self.rank not in joined:
             return                      # not a member of this set
-        comm = self.sets[key[0]].comm
+        comm = self.sets[key.set_id].comm
         timeline = self.timeline
         try:
-            label = _label(key[1], signature)
+            label = _label(key.name, signature)
             if timeline is not None:
                 if request is not None:
                     timeline.end(label, f"NEGOTIATE_{signature.kind.upper()}")
@@ -986,7 +995,7 @@ class Engine:
     def _fail_entry(self, key, entry, why):
         self._table.pop(key, None)
         self.stalls.settled(key)
-        if unique(key[1]):
+        if unique(key.name):
             self._failed.remember(key, self._missing(key, entry), why)
         request = self.pending.pop(key)
         if request is not None:

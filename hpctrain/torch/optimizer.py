@@ -29,6 +29,7 @@ import time
 import warnings
 import zlib
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
@@ -36,6 +37,7 @@ from .basics import world
 from .. import faults
 from ..runtime import launcher_rank
 from .compression import Compression
+from .engine import Signature
 from .ops.allreduce import reduce_flat
 from .ops.common import Average, Sum, caller_event, dtype_name, member_set, resolve_op, \
     signature, submit, wait_event
@@ -45,6 +47,17 @@ from .reducer import BucketReducer
 
 #: Default bucket size (MB), DDP's ``bucket_cap_mb``.
 BUCKET_MB = 25.0
+
+
+@dataclass(frozen=True)
+class BucketOperation:
+    """A bucket's operation on the engine, what ``submit`` takes: made at the bucket's first
+    step and the same at every step after."""
+
+    name: str
+    signature: Signature    # what every rank must pass alike
+    describe: str           # the call in words, for a mismatch's message
+    run: object             # the data phase, run on the communication thread
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -86,11 +99,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         current = world()
         if current is not self._world:
             self._adopt(current)
-        if bucket.request is None:
-            bucket.request = self._request(bucket)
+        if bucket.operation is None:
+            bucket.operation = self._operation(bucket)
+        op = bucket.operation
         # The same name and signature every step: numbered in the engine's cache after the
         # first, and then announced by a bit instead of in full.
-        return submit(self._world, self._process_set, *bucket.request, repeats=True)
+        return submit(self._world, self._process_set, op.name, op.signature, op.describe,
+                      op.run, repeats=True)
 
     def _adopt(self, new):
         """Reduce in ``new``, the world ``hvd.elastic.run`` started again after a lost rank:
@@ -98,7 +113,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._world = new
         self._member = new.rank in (self._process_set.ranks or ())
         for bucket in self._reducer.buckets:
-            bucket.request = None
+            bucket.operation = None
 
     def abandon_step(self):
         """Forget the gradients of this step handed over so far: after a step that failed
@@ -107,9 +122,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._reducer.reset()
         self._synchronized = False
 
-    def _request(self, bucket):
-        """The name, signature, description and data phase of ``bucket``'s operation, the
-        same every step (made at its first step)."""
+    def _operation(self, bucket):
+        """``bucket``'s operation, the same every step (made at its first step)."""
         flat = bucket.buffer.flat
         wire = self._compression.compress(flat[:0])[0]
         op, prescale, postscale = self._op, 1.0, 1.0
@@ -124,8 +138,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                            dtypes=[dtype_name(wire)])
         describe = (f"DistributedOptimizer bucket {bucket.index} ({flat.numel()} elements of "
                     f"{', '.join(bucket.names[:3])}{', ...' if len(bucket.names) > 3 else ''})")
-        return (f"{self._name}.bucket.{bucket.index}", agreed, describe,
-                self._reduction(bucket, op, prescale, postscale))
+        return BucketOperation(f"{self._name}.bucket.{bucket.index}", agreed, describe,
+                               self._reduction(bucket, op, prescale, postscale))
 
     def _reduction(self, bucket, op, prescale, postscale):
         algo = self._world.algo

@@ -40,7 +40,7 @@ class Bucket:
         self.buffer = FlatBuffer(self.params, device=device)
         self.pending, self.handle, self.event = len(self.params), None, None
         self.sparse = ()        # places whose gradient was sparse in this step
-        self.request = None     # the caller's, made once (DistributedOptimizer: its operation)
+        self.operation = None   # the caller's, made once (DistributedOptimizer: its operation)
         self.in_place = False   # this step's values were reduced in the gradient, not the buffer
 
     @property
