@@ -13,7 +13,7 @@ import pytest
 
 from hpctrain.collectives import cost
 from hpctrain.errors import UsageError
-from hpctrain.study import allreduce, costmodel, plots, predict
+from hpctrain.study import allreduce, crossover, links, plots, predict
 from hpctrain.study.allreduce import describe_crossover, measured_ring_wins
 from hpctrain.study.predict import prediction_table
 
@@ -68,12 +68,12 @@ def test_fit_never_returns_negative_parameters():
 
 
 def measured_crossover(rows, ranks, other):
-    return costmodel.crossover_size(*measured_ring_wins(rows, ranks, other))
+    return crossover.crossover_size(*measured_ring_wins(rows, ranks, other))
 
 
 def test_crossover_predicted_and_measured():
-    sizes = costmodel.powers_of_two()
-    size = costmodel.crossover_size(sizes, costmodel.ring_wins("tree", 16, PARAMS, sizes))
+    sizes = crossover.powers_of_two()
+    size = crossover.crossover_size(sizes, crossover.ring_wins("tree", 16, PARAMS, sizes))
     assert size is not None
     assert cost.predict("ring", size, 16, PARAMS) <= cost.predict("tree", size, 16,
                                                                             PARAMS)
@@ -101,10 +101,10 @@ def test_crossover_is_where_the_ring_stops_losing_for_good_measured_and_predicte
     # from 4 KiB up to 32 KiB, and loses again once the butterfly switches to Rabenseifner
     # at 64 KiB (same bytes, 4 messages against the ring's 6).
     params = cost.Params(alpha=1e-7, beta=1e-10, gamma=5e-11)
-    sizes = costmodel.powers_of_two(8, 1 << 20)
-    wins = costmodel.ring_wins("butterfly", 4, params, sizes)
+    sizes = crossover.powers_of_two(8, 1 << 20)
+    wins = crossover.ring_wins("butterfly", 4, params, sizes)
     assert wins[sizes.index(4096)] and wins[sizes.index(32768)] and not wins[-1]
-    assert costmodel.crossover_size(sizes, wins) is None
+    assert crossover.crossover_size(sizes, wins) is None
 
 
 def test_the_summary_tells_always_from_never():
@@ -115,8 +115,8 @@ def test_the_summary_tells_always_from_never():
     assert describe_crossover(sizes, [False, True, False]) == \
         "none: ring wins only below the largest size"
     assert describe_crossover(sizes, [True, False, True]) == "from 512 B"
-    assert costmodel.crossover_size(sizes, [True] * 3) == 8
-    assert costmodel.crossover_size(sizes, [True, True, False]) is None
+    assert crossover.crossover_size(sizes, [True] * 3) == 8
+    assert crossover.crossover_size(sizes, [True, True, False]) is None
 
 
 def _synthetic(scale_over=1.0, algos=("ring", "tree", "butterfly", "ps")):
@@ -166,7 +166,7 @@ def test_the_summary_says_which_points_were_fitted():
 @pytest.mark.parametrize("text, rate", [("100gbit", 12.5e9), ("800mbit", 1e8),
                                         ("42GB/s", 42e9), ("25Gbps", 3.125e9)])
 def test_parse_rate(text, rate):
-    assert costmodel.parse_rate(text) == pytest.approx(rate)
+    assert links.parse_rate(text) == pytest.approx(rate)
 
 
 def test_prediction_table_reaches_thousands_of_ranks_and_a_gibibyte():
@@ -187,7 +187,7 @@ def test_prediction_tables_give_time_and_busbw_and_the_growth_of_ps():
     row = re.search(r"^\| 4096 \| 1 GiB \| .*$", busbw_part, re.M).group(0).split(" | ")
     ring, ps = float(row[2 + algos.index("ring")]), float(row[2 + algos.index("ps")])
     seconds = cost.predict("ring", 1 << 30, 4096, PARAMS)
-    assert ring == pytest.approx(costmodel.busbw(1 << 30, 4096, seconds) / 1e9, rel=1e-2)
+    assert ring == pytest.approx(links.busbw(1 << 30, 4096, seconds) / 1e9, rel=1e-2)
     # The ring's busbw at any p stays near 2 / (2β + γ); the single server's falls as 1/p.
     assert ring > 0.9 * 2 / (2 * PARAMS.beta + PARAMS.gamma) / 1e9 and ps < ring / 1000
     growth = re.search(r"From p = 2 to p = 4096 at 1 GiB: ps ×([\d.]+), ring ×([\d.]+)", text)

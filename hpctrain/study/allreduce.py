@@ -19,7 +19,7 @@ import numpy as np
 
 from ..bench import report
 from ..bench.sizes import format_size
-from . import costmodel, launcher, plots
+from . import crossover, launcher, plots
 from .sweep import machine_lines, rank_counts, say, settle
 from .predict import prediction_table, prediction_markdown
 from .. import collectives
@@ -263,9 +263,9 @@ def _crossovers(rows, fitted):
             if not {other, "ring"} <= algos:
                 continue
             sizes, wins = measured_ring_wins(rows, p, other)
-            fine = costmodel.powers_of_two(sizes[0], sizes[-1]) if sizes else []
+            fine = crossover.powers_of_two(sizes[0], sizes[-1]) if sizes else []
             nodes = next(r.get("nodes", 1) for r in rows if r["np"] == p)
-            predicted = [describe_crossover(s, costmodel.ring_wins(other, p, fitted, s,
+            predicted = [describe_crossover(s, crossover.ring_wins(other, p, fitted, s,
                                                                    nodes=nodes))
                          for s in (sizes, fine)]
             lines.append(
@@ -287,7 +287,7 @@ def measured_ring_wins(rows, ranks, other):
 
 def describe_crossover(sizes, wins):
     """A crossover in words: ``from 2 KiB``, or why there is none in range."""
-    size = costmodel.crossover_size(sizes, wins)
+    size = crossover.crossover_size(sizes, wins)
     if not sizes:
         return "not measured"
     if all(wins):

@@ -6,13 +6,14 @@ allreduce, ``n/t · 2(p-1)/p``, is exactly the 1/β of the ring's ``2n(p-1)/p ·
 measured busbw is the figure to give. A preset carries its line rate (one direction, what
 the vendor sells), the busbw reached in practice with a low and a high (the band of ``study
 plan --band``), a message latency and its source. A ``RATE[,LATENCY]`` is taken as measured:
-the rate is the busbw, with no range.
+the rate is the busbw, with no range. Here too: :func:`busbw`, and :func:`parse_rate`, a
+link rate as people write it.
 """
 
+import re
 from dataclasses import dataclass, replace
 
 from ..errors import UsageError
-from .costmodel import parse_rate
 
 #: The message latency of a ``RATE`` given without one.
 DEFAULT_LATENCY = 5e-6
@@ -154,3 +155,23 @@ def link(text, option):
 def of_options(args):
     """``(intra, inter)``: the :class:`Link` of the options ``--intra`` and ``--inter``."""
     return link(args.intra, "--intra"), link(args.inter, "--inter")
+
+
+def busbw(nbytes, ranks, seconds):
+    """nccl-tests' bus bandwidth of an allreduce in B/s: n/t · 2(p-1)/p."""
+    return nbytes / seconds * 2 * (ranks - 1) / ranks if seconds > 0 else 0.0
+
+
+def parse_rate(text):
+    """Bytes per second in a link rate: ``100gbit``, ``25Gbps``, ``800mbit`` (bits) or ``42GB/s``.
+
+    Lower-case ``b`` and ``bit``/``bps`` are bits, upper-case ``B`` is bytes, as network
+    vendors write them.
+    """
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmMgG])(bit|bps|b/s|b|B/s|Bps|B)\s*", text)
+    if not match or float(match.group(1)) <= 0:
+        raise ValueError(f"invalid link rate {text!r}: expected e.g. 100gbit, 25Gbps, 800mbit "
+                         "or 42GB/s")
+    value, prefix, unit = float(match.group(1)), match.group(2).lower(), match.group(3)
+    scale = {"k": 1e3, "m": 1e6, "g": 1e9}[prefix]
+    return value * scale / (1 if unit.startswith("B") else 8)

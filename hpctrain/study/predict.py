@@ -12,7 +12,7 @@ beats the flat ring.
 import json
 import os
 
-from . import costmodel, links, plots
+from . import links, plots
 from ..collectives import cost
 from ..data.atomic import write_text
 
@@ -35,7 +35,7 @@ def prediction_table(params, ranks=RANKS, sizes=SIZES, algos=None,
                 seconds = cost.predict(algo, size, p, params, nodes)
                 rows.append({"np": p, "nodes": nodes, "size": size, "algo": algo,
                              "time_us": seconds * 1e6,
-                             "busbw_GBps": costmodel.busbw(size, p, seconds) / 1e9})
+                             "busbw_GBps": links.busbw(size, p, seconds) / 1e9})
     return rows
 
 
@@ -121,10 +121,10 @@ def load_params(args):
         raise UsageError("give --params FILE (from a study) or --link RATE, e.g. "
                          "--link 100gbit --alpha 1.5us")
     try:
-        beta = 1 / costmodel.parse_rate(args.link)
-        gamma = 1 / costmodel.parse_rate(args.gamma_rate)
+        beta = 1 / links.parse_rate(args.link)
+        gamma = 1 / links.parse_rate(args.gamma_rate)
         node_link = getattr(args, "node_link", None)
-        node_beta = 1 / costmodel.parse_rate(node_link) if node_link else None
+        node_beta = 1 / links.parse_rate(node_link) if node_link else None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     alpha, per_node = _seconds(args.alpha), _per_node(getattr(args, "ranks_per_node", 0))
