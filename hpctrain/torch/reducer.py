@@ -31,7 +31,7 @@ class Bucket:
     """Parameters whose gradients travel together through one flat buffer."""
 
     __slots__ = ("index", "names", "params", "buffer", "pending", "handle", "event", "sparse",
-                 "request", "in_place")
+                 "operation", "in_place")
 
     def __init__(self, index, named, device=None):
         self.index = index
