@@ -244,7 +244,7 @@ def _add_calibrate(kinds):
     """``study calibrate``'s options."""
     calibrate = kinds.add_parser(
         "calibrate", help="the plan, given only a planning user's inputs, against published "
-                          "whole runs: a tuning set and two held-out sets",
+                          "whole runs: a tuning set and three held-out sets",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Plan every published run of --published from what a planning user knows "
                     "(model, one device's rate, batch, devices per node, links, gradient "
@@ -262,13 +262,13 @@ def _add_calibrate(kinds):
     calibrate.add_argument("--defaults", metavar="TOML",
                            help="default ranges (default: hpctrain/study/data/defaults.toml)")
     calibrate.add_argument("--set", default="all",
-                           choices=("tuning", "held-out", "held-out-2", "all"),
+                           choices=("tuning", "held-out", "held-out-2", "held-out-3", "all"),
                            help="which runs (default: all)")
     calibrate.add_argument("--tune", action="store_true",
                            help="instead: choose the residuals' default ranges, the narrowest "
                                 "that put the most runs inside their band: share on the tuning "
                                 "set, share_node (one NVLink node) on the tuning and held-out "
-                                "sets; held-out-2 never (with --set all: the sets tuned on)")
+                                "sets; held-out-2 and -3 never (with --set all: the sets tuned on)")
     calibrate.add_argument("--out", default=os.path.join("runs", "calibrate"),
                            help="folder for calibration.md and calibration.json")
     calibrate.set_defaults(func=_run_calibrate)
