@@ -17,18 +17,6 @@ def rank_counts(text, minimum=1, option="--np"):
     return counts
 
 
-def settle(args, defaults, quick=None):
-    """Give every option of ``defaults`` that the command line left ``None`` its value: from
-    ``quick`` where ``args.quick`` asks for the quick run and ``quick`` has it, else from
-    ``defaults``. One table per command, so that a value given on the command line (0
-    included) is never replaced by a fallback."""
-    for key, value in defaults.items():
-        if getattr(args, key, None) is None:
-            table = quick if quick is not None and getattr(args, "quick", False) else defaults
-            setattr(args, key, table.get(key, value))
-    return args
-
-
 def machine_lines(cores, env, ranks):
     """The report's first lines: cores, versions, and which of ``ranks`` oversubscribe."""
     over = [p for p in ranks if p > cores]
