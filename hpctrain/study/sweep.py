@@ -1,5 +1,6 @@
 """What every study shares: the rank counts it sweeps, its progress lines, its report's header."""
 
+from .. import units
 from ..errors import UsageError
 
 
@@ -9,7 +10,7 @@ def rank_counts(text, minimum=1, option="--np"):
     ``UsageError`` for anything but comma-separated integers, or a count below ``minimum``.
     """
     try:
-        counts = sorted({int(part) for part in text.split(",")})
+        counts = sorted({units.number(part) for part in text.split(",")})
     except ValueError:
         raise UsageError(f"{option} takes rank counts like 2,3,4, got {text!r}") from None
     if counts[0] < minimum:
