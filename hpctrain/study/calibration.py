@@ -16,10 +16,10 @@ line naming the run and an example of a good one (``UsageError``: exit 2).
 """
 
 import functools
-import math
 import os
 from dataclasses import asdict, dataclass, replace
 
+from .. import units
 from ..data.atomic import write_json, write_text
 from ..errors import UsageError
 from . import defaults as defaults_mod
@@ -124,8 +124,12 @@ def _run(path, index, table):
 
 
 def _number(value):
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and \
-        math.isfinite(value) and value > 0
+    # A number of the file (not text) above 0: units.number says whether it is one.
+    try:
+        units.number(value, float, positive=True)
+    except ValueError:
+        return False
+    return isinstance(value, (int, float))
 
 
 def _rate(where, given):
