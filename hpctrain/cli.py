@@ -5,6 +5,7 @@ import contextlib
 import os
 
 from . import __version__, info
+from .options import Parser
 from .bench import cli as bench
 from .data import cli as data
 from .runtime import launcher_rank
@@ -31,7 +32,7 @@ ends (MPI_Abort) with that rank's traceback instead of hanging.
 
 def build_parser():
     """The argument parser with every subcommand registered."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="hpctrain", description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"hpctrain {__version__}")

@@ -38,6 +38,7 @@ import os
 import time
 from pathlib import Path
 
+from . import units
 from .data.atomic import atomic_path
 
 #: The state folder of the job (set by the launcher; a script may set it itself).
@@ -78,9 +79,10 @@ def int_setting(name, default, environ=None, least=1):
     value = (os.environ if environ is None else environ).get(name)
     if value in (None, ""):
         return default
-    if not value.isdigit() or int(value) < least:
-        raise ValueError(f"{name}={value!r}: give a whole number >= {least}")
-    return int(value)
+    try:
+        return units.number(value, int, minimum=least)
+    except ValueError as exc:
+        raise ValueError(f"{name}={value!r}: give {exc}") from None
 
 
 def parse_hosts(text, source):

@@ -7,8 +7,10 @@ import importlib.metadata
 import os
 import platform
 import socket
+from dataclasses import dataclass
 
 from . import __version__, faults
+from .options import add_arguments
 from .mpi import cuda as mpi_cuda
 from .mpi.library import library_version, standard_version
 from .mpi.ulfm import fault_tolerance
@@ -16,6 +18,12 @@ from .mpi.waiting import describe_waiting
 from .devices import node_local_rank
 
 PACKAGES = ("torch", "mpi4py", "numpy", "h5py", "horovod")
+
+
+@dataclass
+class InfoConfig:
+    """``hpctrain info``'s configuration: none yet. A field here (``hpctrain.options.option``)
+    is its option, parsed and checked like every command's."""
 
 
 def add_parser(subparsers):
@@ -26,6 +34,7 @@ def add_parser(subparsers):
                     "libraries, the MPI library, every rank's host, PID and GPU, whether MPI "
                     "is CUDA-aware and how Horovod was built. Run it under mpirun or srun to "
                     "check a launch before training.")
+    add_arguments(parser, InfoConfig)
     parser.set_defaults(func=run)
     return parser
 

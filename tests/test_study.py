@@ -15,6 +15,7 @@ from hpctrain.collectives import cost
 from hpctrain.errors import UsageError
 from hpctrain.study import allreduce, crossover, links, plots, predict
 from hpctrain.study.allreduce import describe_crossover, measured_ring_wins
+from hpctrain.study.config import AllreduceStudy
 from hpctrain.study.predict import prediction_table
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -287,17 +288,18 @@ def _first_bench(monkeypatch, args):
 
 def test_study_takes_zero_warmup_as_given_and_its_defaults_from_one_table(tmp_path,
                                                                         monkeypatch):
-    # --warmup 0 once became 2 (a fallback written `args.warmup or 2`).
+    # --warmup 0 once became 2 (a fallback written `args.warmup or 2`); the defaults and
+    # --quick's values live in one place, the command's dataclass.
     launch = _first_bench(monkeypatch, _study_args(tmp_path, "--warmup", "0"))
     assert launch[launch.index("-w") + 1] == "0"
     launch = _first_bench(monkeypatch, _study_args(tmp_path))
-    defaults = allreduce.DEFAULTS
-    assert launch[launch.index("-w") + 1] == str(defaults["warmup"])
-    assert launch[launch.index("-n") + 1] == str(defaults["iters"] * 5)
-    assert launch[launch.index("-f") + 1] == str(defaults["factor"])
+    defaults = AllreduceStudy()
+    assert launch[launch.index("-w") + 1] == str(defaults.warmup)
+    assert launch[launch.index("-n") + 1] == str(defaults.iters * 5)
+    assert launch[launch.index("-f") + 1] == str(defaults.factor)
     quick = _first_bench(monkeypatch, _study_args(tmp_path, "--quick", "--iters", "3"))
     assert quick[quick.index("-n") + 1] == "15"         # given beats --quick
-    assert quick[quick.index("-w") + 1] == str(allreduce.QUICK["warmup"])
+    assert quick[quick.index("-w") + 1] == str(AllreduceStudy.PRESETS["quick"]["warmup"])
 
 
 def test_study_help_states_the_defaults_it_uses(tmp_path, capsys):
@@ -305,14 +307,20 @@ def test_study_help_states_the_defaults_it_uses(tmp_path, capsys):
         _study_args(tmp_path, "--help")
     text = " ".join(capsys.readouterr().out.split())
     for key in ("np", "sizes", "factor", "iters", "warmup"):
-        assert f"(default: {allreduce.DEFAULTS[key]})" in text, key
+        assert f"(default: {getattr(AllreduceStudy(), key)})" in text, key
 
 
-@pytest.mark.parametrize("option, value", [("--iters", "0"), ("--warmup", "-1"),
-                                           ("--factor", "1"), ("--ranks-per-node", "-2")])
-def test_study_refuses_a_count_below_its_least(tmp_path, option, value):
-    with pytest.raises(UsageError, match=f"{option} .* must be >= "):
-        allreduce.run(_study_args(tmp_path, option, value))
+@pytest.mark.parametrize("option, value, least", [
+    ("--iters", "0", 1), ("--warmup", "-1", 0), ("--factor", "1", 2),
+    ("--ranks-per-node", "-2", 0)])
+def test_study_refuses_a_count_below_its_least(tmp_path, capsys, option, value, least):
+    # Refused by the command line, in one line naming the option and a good value.
+    with pytest.raises(SystemExit) as exit_:
+        _study_args(tmp_path, option, value)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{option}: {value!r}: give a whole number >= {least}; " \
+        f"e.g. {option} " in err, err
 
 
 @pytest.mark.alone

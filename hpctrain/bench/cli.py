@@ -2,8 +2,9 @@
 allgather, reducescatter, alltoall, broadcast, reduce), all run by one driver, and the
 point-to-point and ``torch.distributed`` benchmarks."""
 
+from ..options import add_arguments
 from .blocks import PLUGINS
-from .sizes import parse_size
+from .config import CollectiveBench, RootedBench, SizeSweep
 
 
 def add_parser(subparsers):
@@ -16,29 +17,13 @@ def add_parser(subparsers):
     kinds = parser.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
 
     for name, plugin in PLUGINS.items():
-        command = plugin.command
-        parser_ = kinds.add_parser(
-            name, help=f"time every {name} algorithm per size ({command.moves}); check the "
-                       f"results",
-            description=f"Time each {name} algorithm at each size on the same "
-                        f"{command.buffers}, side by side. Prints a #-header (settings, "
-                        f"versions, rank map), one row per size and algorithm (time "
-                        f"min/avg/max over ranks, algbw, busbw, #wrong) and a footer; "
-                        f"{command.size}. Exits 1 if any value was wrong.")
-        _common(parser_, default_min=command.smallest, default_max="64M")
-        _collective(parser_, op=command.op)
-        if command.root:
-            parser_.add_argument("-r", "--root", type=int, default=0,
-                                 help=f"{command.root} (default: 0)")
-        for flags, options in command.options:
-            parser_.add_argument(*flags, **options)
-        parser_.set_defaults(func=_run_collective, collective=name)
+        _add_collective(kinds, name, plugin.command)
 
     p2p = kinds.add_parser(
         "p2p", help="ping-pong latency and bandwidth between ranks 0 and 1 (α and β)",
         description="Ping-pong between ranks 0 and 1 for each size; prints one-way latency "
                     "and bandwidth, and the least-squares α (latency) and β (s/byte).")
-    _common(p2p, default_min="1", default_max="16M")
+    add_arguments(p2p, SizeSweep, defaults={"minbytes": "1", "maxbytes": "16M"})
     p2p.set_defaults(func=_run_p2p)
 
     from . import torch_distributed
@@ -53,46 +38,23 @@ def add_parser(subparsers):
     return parser
 
 
-def _common(parser, default_min, default_max):
-    parser.add_argument("-b", "--minbytes", type=_size, default=parse_size(default_min),
-                        help=f"smallest size in bytes, e.g. 8, 64K (default: {default_min})")
-    parser.add_argument("-e", "--maxbytes", type=_size, default=parse_size(default_max),
-                        help=f"largest size in bytes, e.g. 16M (default: {default_max})")
-    parser.add_argument("-f", "--stepfactor", type=int, default=2,
-                        help="multiply the size by this factor each step (default: 2)")
-    parser.add_argument("-n", "--iters", type=int, default=20,
-                        help="timed iterations per size (default: 20)")
-    parser.add_argument("-w", "--warmup", type=int, default=5,
-                        help="untimed warm-up iterations per size (default: 5)")
-    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    parser.add_argument("--hdf5", metavar="FILE", help="also write the results as HDF5")
-
-
-def _collective(parser, op):
-    """The options every collective's benchmark takes; ``op``: it reduces (``-o``)."""
-    parser.add_argument("--algos", default="", metavar="A,B,...",
-                        help="algorithms to compare (default: all available)")
-    parser.add_argument("-c", "--check", type=int, default=1, choices=(0, 1),
-                        help="check results in a separate pass (default: 1)")
-    parser.add_argument("-d", "--dtype", default="float32",
-                        help="float16, bfloat16, float32, float64, int32 or int64")
-    if op:
-        parser.add_argument("-o", "--op", default="sum", help="sum, avg, min, max or prod")
-    else:
-        parser.set_defaults(op="sum")
-    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
-                        help="where the buffers live (cuda: one GPU per local rank)")
-
-
-def _size(text):
-    import argparse
-
-    from ..errors import UsageError
-
-    try:
-        return parse_size(text)
-    except UsageError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+def _add_collective(kinds, name, command):
+    """``bench NAME``: its options, generated from :class:`~.config.CollectiveBench` (with
+    ``-o`` where it reduces, ``-r`` where it has a root), and its plug-in's own."""
+    parser = kinds.add_parser(
+        name, help=f"time every {name} algorithm per size ({command.moves}); check the "
+                   f"results",
+        description=f"Time each {name} algorithm at each size on the same "
+                    f"{command.buffers}, side by side. Prints a #-header (settings, "
+                    f"versions, rank map), one row per size and algorithm (time "
+                    f"min/avg/max over ranks, algbw, busbw, #wrong) and a footer; "
+                    f"{command.size}. Exits 1 if any value was wrong.")
+    add_arguments(parser, RootedBench if command.root else CollectiveBench,
+                  defaults={"minbytes": command.smallest}, skip=() if command.op else ("op",),
+                  helps={"root": f"{command.root} (default: {{default}})"})
+    for flags, options in command.options:
+        parser.add_argument(*flags, **options)
+    parser.set_defaults(func=_run_collective, collective=name)
 
 
 def _run_collective(args):

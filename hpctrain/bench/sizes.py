@@ -1,18 +1,7 @@
 """Message sizes as nccl-tests writes them: ``8``, ``64K``, ``16M``, ``1G`` (powers of 1024)."""
 
 from ..errors import UsageError
-
-UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
-def parse_size(text):
-    """Bytes in ``text`` (``8``, ``64K``, ``64KB``, ``64KiB``, ``16M``, ``1G``); must be >= 0."""
-    raw = text.strip().upper().removesuffix("IB").removesuffix("B")
-    number, unit = (raw[:-1], raw[-1]) if raw and raw[-1] in UNITS else (raw, "")
-    if not number.isdigit():
-        raise UsageError(f"invalid size {text!r}: expected a whole number of bytes with an "
-                         f"optional K, M or G suffix, e.g. 8, 64K, 16M, 1G")
-    return int(number) * UNITS[unit]
+from ..units import SIZE_UNITS as UNITS, parse_size  # noqa: F401 - the one parser, re-exported
 
 
 def size_range(begin, end, factor):

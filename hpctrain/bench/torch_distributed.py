@@ -25,32 +25,18 @@ import datetime
 import statistics
 import time
 
+from ..options import add_arguments as add_options
+from .config import AGAINST, TorchDistributedBench
 from .report import environment, header_lines, write_json
-from .sizes import format_size, parse_size
+from ..units import parse_size
+from .sizes import format_size
 
 COLLECTIVES = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor")
-#: torch's own backend that hpctrain is timed against, by device.
-AGAINST = {"cpu": "gloo", "cuda": "nccl"}
 
 
 def add_arguments(parser):
-    """The command's options."""
-    parser.add_argument("--sizes", default="1M,16M,64M",
-                        help="message sizes in bytes, comma-separated (default: 1M,16M,64M)")
-    parser.add_argument("--rounds", type=int, default=5,
-                        help="alternated rounds; the table gives their median (default: 5)")
-    parser.add_argument("-n", "--iters", type=int, default=3,
-                        help="timed calls per collective, size and round (default: 3)")
-    parser.add_argument("--train-steps", "--ddp-steps", dest="train_steps", type=int,
-                        default=10, help="DDP and FSDP2 training steps per round (default: 10; "
-                        "0: no training rows; --ddp-steps is its old name)")
-    parser.add_argument("--device", choices=tuple(AGAINST), default="cpu",
-                        help="where the tensors live (default: cpu; cuda: each rank's "
-                             "node-local GPU)")
-    parser.add_argument("--against", choices=(*sorted(set(AGAINST.values())), "none"),
-                        help="torch's backend to time beside hpctrain (default: gloo on cpu, "
-                             "nccl on cuda; none: hpctrain alone)")
-    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    """The command's options (:class:`~.config.TorchDistributedBench`)."""
+    add_options(parser, TorchDistributedBench)
 
 
 def init_groups(comm, against, device):
@@ -260,9 +246,10 @@ def run(args, comm):
 
 
 def check_arguments(args, against, comm):
-    """A :class:`~hpctrain.errors.Verdict` on every rank for options this run cannot take:
-    counts below their least, CUDA asked where torch sees no GPU, gloo for CUDA tensors
-    (NCCL's) or NCCL for CPU ones, NCCL where it would refuse ranks that share a GPU.
+    """A :class:`~hpctrain.errors.Verdict` on every rank for options this run cannot take
+    (the counts' ranges are :class:`~.config.TorchDistributedBench`'s): CUDA asked where
+    torch sees no GPU, gloo for CUDA tensors (NCCL's) or NCCL for CPU ones, NCCL where it
+    would refuse ranks that share a GPU.
 
     Synchronisation points: the node split (``--against nccl``) and one allgather."""
     import torch
@@ -274,10 +261,6 @@ def check_arguments(args, against, comm):
 
     on_node = ranks_on_node(comm) if against == "nccl" else 0
     with checks(comm):
-        if args.rounds < 1 or args.iters < 1 or args.train_steps < 0:
-            raise UsageError(f"need --rounds >= 1, -n >= 1 and --train-steps >= 0, got "
-                             f"--rounds {args.rounds} -n {args.iters} --train-steps "
-                             f"{args.train_steps}")
         if against not in ("none", AGAINST[args.device]):
             raise UsageError(f"--against {against} does not take {args.device} tensors: use "
                              f"--against {AGAINST[args.device]} (or none) with --device "

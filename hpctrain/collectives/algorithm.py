@@ -26,6 +26,7 @@ from functools import partial
 
 import numpy as np
 
+from .. import units
 from ..errors import UsageError
 from .dtypes import choices
 
@@ -70,7 +71,7 @@ def count_option(name, value, env, default, meaning):
         if text is None:
             return default
         try:
-            value, origin = int(text), env
+            value, origin = units.number(text, int), env
         except ValueError:
             raise UsageError(f"{env}={text!r} is not an integer: give {meaning}") from None
     if value < 0:

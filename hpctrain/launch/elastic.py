@@ -45,7 +45,6 @@ the option, and exit status 2. The launcher says what it does in lines that begi
 
 import contextlib
 import dataclasses
-import math
 import os
 import re
 import shutil
@@ -61,6 +60,7 @@ from .. import elastic_job as contract
 from ..data.atomic import writable_folder
 from ..errors import UsageError
 from ..mpi import ulfm as mpi_ulfm
+from ..options import by_flag, checked_value, example, help_lines, option
 from ..runtime import RANK_VARIABLES
 from . import end_with_launcher, find_mpirun, kill_launch, launch_environment, mpirun_command
 from . import split_options
@@ -84,83 +84,65 @@ START_GRACE_S = 3.0
 
 @dataclasses.dataclass
 class Options:
-    """What ``--elastic`` was given (checked by :func:`parse_options`)."""
+    """What ``--elastic`` was given: each option a field (:func:`hpctrain.options.option`),
+    its spellings, range and help; checked as a whole by :func:`parse_options`."""
 
     command: list
     extra: list = dataclasses.field(default_factory=list)   # mpirun's own options
-    min_np: int = 1
-    max_np: int = None               # None: every slot of the hosts
-    max_restarts: int = 3
-    discovery: str = None            # the discovery script
-    interval: float = None           # None: 5 s (with a discovery script)
-    host_list: str = None            # -H
-    hostfile: str = None
-    np: int = None                   # -np: this machine with np slots
-    state_dir: str = None
-    restart_delay: float = 1.0
-    ft: bool = None                  # None: ULFM when the MPI has it
-    help: bool = False
+    min_np: int = option(1, "fewest ranks the job goes on with (default: {default})",
+                         flags=("--min-np",), minimum=1, metavar="N")
+    max_np: int = option(None, "most ranks (default: every slot of the hosts)",
+                         flags=("--max-np",), minimum=1, metavar="M", example=4)
+    max_restarts: int = option(3, "restarts after a failure before the launcher gives up "
+                                  "(default: {default})",
+                               flags=("--max-restarts",), minimum=0, metavar="K")
+    discovery: str = option(None, "Horovod's discovery script: one HOST[:SLOTS] per line",
+                            flags=("--host-discovery-script",), metavar="S",
+                            example="./discover.sh")
+    interval: float = option(None, "seconds between two runs of the discovery script "
+                                   "(default: 5)", flags=("--discovery-interval",),
+                             positive=True, unit="seconds", metavar="SEC", example=5)
+    host_list: str = option(None, "hosts and their slots", flags=("-H", "--host"),
+                            metavar="HOST:SLOTS,...", example="host1:4,host2:4")
+    hostfile: str = option(None, "one HOST slots=N or HOST:N per line", flags=("--hostfile",),
+                           metavar="F", example="hosts.txt")
+    np: int = option(None, "ranks of the first start; alone: this machine with N slots",
+                     flags=("-np", "-n"), minimum=1, metavar="N", example=4)
+    state_dir: str = option(None, "the folder of the commit the ranks resume from (default: "
+                                  "a new runs/elastic/DATE-TIME-PID)", flags=("--state-dir",),
+                            metavar="D", example="runs/elastic/job1")
+    restart_delay: float = option(1.0, "seconds between a failure and the next start (default: "
+                                        "{default})",
+                                  flags=("--restart-delay",), minimum=0, unit="seconds",
+                                  metavar="SEC")
+    ft: bool = option(None, "--ft: mpirun --with-ft ulfm; --no-ft: restarts (default: ULFM "
+                            "when the MPI has it)", flags=("--ft",), off=("--no-ft",), flag=True)
+    help: bool = option(False, "this text", flags=("-h", "--help"), flag=True)
 
 
-def _whole(least):
-    def convert(text):
-        if not text.isdigit() or int(text) < least:
-            raise ValueError(f"give a whole number >= {least}")
-        return int(text)
-    return convert
-
-
-def _seconds(least_exclusive):
-    def convert(text):
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not math.isfinite(value) or value < 0 or (least_exclusive and value == 0):
-            raise ValueError(f"give a number of seconds {'>' if least_exclusive else '>='} 0")
-        return value
-    return convert
-
-
-#: option -> (field of Options, converter that raises ValueError saying what is wanted)
-OPTIONS = {
-    "--min-np": ("min_np", _whole(1)),
-    "--max-np": ("max_np", _whole(1)),
-    "--max-restarts": ("max_restarts", _whole(0)),
-    "--host-discovery-script": ("discovery", str),
-    "--discovery-interval": ("interval", _seconds(True)),
-    "--restart-delay": ("restart_delay", _seconds(False)),
-    "-H": ("host_list", str),
-    "--host": ("host_list", str),
-    "--hostfile": ("hostfile", str),
-    "-np": ("np", _whole(1)),
-    "-n": ("np", _whole(1)),
-    "--state-dir": ("state_dir", str),
-}
-FLAGS = {"--ft": ("ft", True), "--no-ft": ("ft", False), "-h": ("help", True),
-         "--help": ("help", True)}
+#: option -> its field of :class:`Options`
+OPTIONS = by_flag(Options)
 
 
 def parse_options(argv):
     """:class:`Options` from the words after ``--elastic``; ``UsageError`` naming the option
     for anything wrong in them."""
     given, words, flags = {}, list(argv), set()
-    while words and (words[0] in FLAGS or words[0].partition("=")[0] in OPTIONS):
-        name, eq, value = words.pop(0).partition("=")
-        if name in FLAGS:
-            field, value = FLAGS[name]
-            given[field] = value
+    while words and words[0].partition("=")[0] in OPTIONS:
+        name, eq, text = words.pop(0).partition("=")
+        f = OPTIONS[name]
+        if f.type is bool:
+            # An on/off switch: its off spelling (--no-ft) turns it off.
+            if eq:
+                raise UsageError(f"{name} takes no value (got {name}={text})")
+            given[f.name] = name not in f.metadata["off"]
             flags.add(name)
             continue
         if not eq:
             if not words:
-                raise UsageError(f"{name} needs a value")
-            value = words.pop(0)
-        field, convert = OPTIONS[name]
-        try:
-            given[field] = convert(value)
-        except ValueError as exc:
-            raise UsageError(f"{name} {value!r}: {exc}") from None
+                raise UsageError(f"{name} needs a value; e.g. {name} {example(f).split()[-1]}")
+            text = words.pop(0)
+        given[f.name] = checked_value(f, text, name)
     if given.get("help"):
         return Options(command=[], help=True)
     if {"--ft", "--no-ft"} <= flags:
@@ -644,7 +626,7 @@ def main(argv):
     try:
         options = parse_options(argv)
         if options.help:
-            print(__doc__)
+            print(f"{__doc__}\noptions:\n{help_lines(Options)}")
             return 0
         hosts = first_hosts(options)
         folder = state_folder(options.state_dir)

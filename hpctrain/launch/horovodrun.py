@@ -37,7 +37,6 @@ anything starts.
 
 import dataclasses
 import difflib
-import math
 import os
 import re
 import shlex
@@ -48,6 +47,7 @@ import textwrap
 from .. import __version__
 from ..errors import UsageError
 from ..log import LEVELS
+from ..options import by_flag, checked_value, example, help_lines, option, spelling
 from . import PROGRESS_TTY, find_mpirun, launch_environment, mpirun_command, output
 from . import srun_command
 from .hosts import given_hosts, host_list, total_slots
@@ -62,42 +62,6 @@ MIB = 1 << 20
 VERBOSE_LOG_LEVEL = "DEBUG"
 
 
-def _count(text):
-    if not (text.isascii() and text.isdigit()):
-        raise ValueError("give a whole number >= 0")
-    return text.lstrip("0") or "0"
-
-
-def _ranks(text):
-    if not (text.isascii() and text.isdigit()) or int(text) < 1:
-        raise ValueError("give a whole number >= 1")
-    return int(text)
-
-
-def _mebibytes(text):
-    return str(int(_count(text)) * MIB)
-
-
-def _milliseconds(text):
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise ValueError("give a number of milliseconds >= 0, e.g. 5 or 2.5")
-    return str(value)
-
-
-def _fraction(text):
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 <= value <= 1:
-        raise ValueError("give a number from 0 to 1")
-    return str(value)
-
-
 def _log_level(text):
     if text.lower() not in LEVELS:
         raise ValueError(f"give one of {', '.join(name.upper() for name in LEVELS)}")
@@ -110,57 +74,103 @@ def _path(text):
     return text
 
 
-#: Horovod's tuning options that take a value: option -> (variable, converter). A converter
-#: returns the variable's value as Horovod's runner writes it, or raises ``ValueError``
-#: saying what is wanted.
-SETTINGS = {
-    "--fusion-threshold-mb": ("HOROVOD_FUSION_THRESHOLD", _mebibytes),   # exported in bytes
-    "--cycle-time-ms": ("HOROVOD_CYCLE_TIME", _milliseconds),
-    "--cache-capacity": ("HOROVOD_CACHE_CAPACITY", _count),
-    "--timeline-filename": ("HOROVOD_TIMELINE", _path),
-    "--stall-check-warning-time-seconds": ("HOROVOD_STALL_CHECK_TIME_SECONDS", _count),
-    "--stall-check-shutdown-time-seconds": ("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", _count),
-    "--log-level": ("HOROVOD_LOG_LEVEL", _log_level),
-    "--autotune-log-file": ("HOROVOD_AUTOTUNE_LOG", _path),
-    "--autotune-warmup-samples": ("HOROVOD_AUTOTUNE_WARMUP_SAMPLES", _count),
-    "--autotune-steps-per-sample": ("HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", _count),
-    "--autotune-bayes-opt-max-samples": ("HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", _count),
-    "--autotune-gaussian-process-noise": ("HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE",
-                                          _fraction),
-    "--num-nccl-streams": ("HOROVOD_NUM_NCCL_STREAMS", _count),
-    "--thread-affinity": ("HOROVOD_THREAD_AFFINITY", _count),
-    "--gloo-timeout-seconds": ("HOROVOD_GLOO_TIMEOUT_SECONDS", _count),
-}
+def _switch(variable, on, off, help):
+    # A Horovod on/off option: ``on`` spellings export ``variable``=1, ``off`` ones =0.
+    return option(None, help, flags=on, off=off, flag=True, env=variable)
 
+
+@dataclasses.dataclass
+class Tuning:
+    """Horovod's tuning options: each a field whose ``env`` is the ``HOROVOD_*`` variable
+    that carries it to the ranks, with Horovod 0.28.1's names and units. The launch
+    environment's own value reaches the ranks where no option is given (the environment <
+    the command line)."""
+
+    fusion_threshold_mb: int = option(None, "fusion buffer in MiB (exported in bytes)",
+                                      env="HOROVOD_FUSION_THRESHOLD", minimum=0, example=32)
+    cycle_time_ms: float = option(None, "milliseconds between negotiations",
+                                  env="HOROVOD_CYCLE_TIME", minimum=0, unit="milliseconds",
+                                  example=5)
+    cache_capacity: int = option(None, "operations the response cache numbers",
+                                 env="HOROVOD_CACHE_CAPACITY", minimum=0, example=1024)
+    timeline_filename: str = option(None, "rank 0's timeline", env="HOROVOD_TIMELINE",
+                                    parse=_path, example="timeline.json")
+    stall_check_warning_time_seconds: int = option(
+        None, "seconds before a stall warning", env="HOROVOD_STALL_CHECK_TIME_SECONDS",
+        minimum=0, example=60)
+    stall_check_shutdown_time_seconds: int = option(
+        None, "seconds of a stall before shutdown", env="HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
+        minimum=0, example=0)
+    log_level: str = option(None, "the ranks' log level", env="HOROVOD_LOG_LEVEL",
+                            parse=_log_level, example="INFO")
+    autotune_log_file: str = option(None, "the autotuner's log", env="HOROVOD_AUTOTUNE_LOG",
+                                    parse=_path, example="autotune.csv")
+    autotune_warmup_samples: int = option(None, "autotuner warm-up samples",
+                                          env="HOROVOD_AUTOTUNE_WARMUP_SAMPLES", minimum=0,
+                                          example=3)
+    autotune_steps_per_sample: int = option(None, "autotuner steps per sample",
+                                            env="HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE",
+                                            minimum=0, example=10)
+    autotune_bayes_opt_max_samples: int = option(
+        None, "autotuner samples", env="HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", minimum=0,
+        example=20)
+    autotune_gaussian_process_noise: float = option(
+        None, "autotuner noise", env="HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", minimum=0,
+        maximum=1, example=0.8)
+    num_nccl_streams: int = option(None, "NCCL streams", env="HOROVOD_NUM_NCCL_STREAMS",
+                                   minimum=0, example=1)
+    thread_affinity: int = option(None, "the background thread's core",
+                                  env="HOROVOD_THREAD_AFFINITY", minimum=0, example=0)
+    gloo_timeout_seconds: int = option(None, "Gloo's timeout",
+                                       env="HOROVOD_GLOO_TIMEOUT_SECONDS", minimum=0,
+                                       example=30)
+    hierarchical_allreduce: bool = _switch(
+        "HOROVOD_HIERARCHICAL_ALLREDUCE", ("--hierarchical-allreduce",),
+        ("--no-hierarchical-allreduce",), "hierarchical allreduce")
+    hierarchical_allgather: bool = _switch(
+        "HOROVOD_HIERARCHICAL_ALLGATHER", ("--hierarchical-allgather",),
+        ("--no-hierarchical-allgather",), "hierarchical allgather")
+    torus_allreduce: bool = _switch("HOROVOD_TORUS_ALLREDUCE", ("--torus-allreduce",),
+                                    ("--no-torus-allreduce",), "torus allreduce")
+    timeline_mark_cycles: bool = _switch(
+        "HOROVOD_TIMELINE_MARK_CYCLES", ("--timeline-mark-cycles",),
+        ("--no-timeline-mark-cycles",), "the timeline marks each negotiation")
+    autotune: bool = _switch("HOROVOD_AUTOTUNE", ("--autotune",), ("--no-autotune",),
+                             "the autotuner")
+    stall_check_disable: bool = _switch("HOROVOD_STALL_CHECK_DISABLE", ("--no-stall-check",),
+                                        ("--stall-check",), "no stall warnings")
+    mpi_threads_disable: bool = _switch(
+        "HOROVOD_MPI_THREADS_DISABLE", ("--mpi-threads-disable",),
+        ("--no-mpi-threads-disable",), "MPI without threads")
+    log_hide_time: bool = _switch(
+        "HOROVOD_LOG_HIDE_TIME", ("--log-without-timestamp", "--log-hide-timestamp"),
+        ("--log-with-timestamp", "--no-log-hide-timestamp"), "log lines without time")
+    tcp: bool = _switch("NCCL_IB_DISABLE", ("--tcp",), (), "NCCL over TCP, not InfiniBand")
+
+
+def _exported(f, value):
+    """Field ``f``'s ``value`` as Horovod's runner writes its variable."""
+    if f.type is bool:
+        return "1" if value else "0"
+    if f.name == "fusion_threshold_mb":
+        return str(value * MIB)
+    return str(value)
+
+
+#: Horovod's tuning options that take a value: option -> (variable, field of :class:`Tuning`).
+SETTINGS = {spelling(f): (f.metadata["env"], f) for f in dataclasses.fields(Tuning)
+            if f.type is not bool}
 #: Horovod's on/off options: option -> (variable, value).
-SWITCHES = {
-    "--hierarchical-allreduce": ("HOROVOD_HIERARCHICAL_ALLREDUCE", "1"),
-    "--no-hierarchical-allreduce": ("HOROVOD_HIERARCHICAL_ALLREDUCE", "0"),
-    "--hierarchical-allgather": ("HOROVOD_HIERARCHICAL_ALLGATHER", "1"),
-    "--no-hierarchical-allgather": ("HOROVOD_HIERARCHICAL_ALLGATHER", "0"),
-    "--torus-allreduce": ("HOROVOD_TORUS_ALLREDUCE", "1"),
-    "--no-torus-allreduce": ("HOROVOD_TORUS_ALLREDUCE", "0"),
-    "--timeline-mark-cycles": ("HOROVOD_TIMELINE_MARK_CYCLES", "1"),
-    "--no-timeline-mark-cycles": ("HOROVOD_TIMELINE_MARK_CYCLES", "0"),
-    "--autotune": ("HOROVOD_AUTOTUNE", "1"),
-    "--no-autotune": ("HOROVOD_AUTOTUNE", "0"),
-    "--no-stall-check": ("HOROVOD_STALL_CHECK_DISABLE", "1"),
-    "--stall-check": ("HOROVOD_STALL_CHECK_DISABLE", "0"),
-    "--mpi-threads-disable": ("HOROVOD_MPI_THREADS_DISABLE", "1"),
-    "--no-mpi-threads-disable": ("HOROVOD_MPI_THREADS_DISABLE", "0"),
-    "--log-without-timestamp": ("HOROVOD_LOG_HIDE_TIME", "1"),
-    "--log-hide-timestamp": ("HOROVOD_LOG_HIDE_TIME", "1"),
-    "--log-with-timestamp": ("HOROVOD_LOG_HIDE_TIME", "0"),
-    "--no-log-hide-timestamp": ("HOROVOD_LOG_HIDE_TIME", "0"),
-    "--tcp": ("NCCL_IB_DISABLE", "1"),
-}
+SWITCHES = {flag: (f.metadata["env"], "1" if flag in f.metadata["flags"] else "0")
+            for f in dataclasses.fields(Tuning) if f.type is bool
+            for flag in (*f.metadata["flags"], *f.metadata["off"])}
 
 #: Settings that horovodrun exports only beside another one that is on: the cycle marks with
 #: a timeline, the autotuner's parameters with the autotuner.
 NEEDS = {
     "HOROVOD_TIMELINE_MARK_CYCLES": "HOROVOD_TIMELINE",
-    **{variable: "HOROVOD_AUTOTUNE" for option, (variable, _) in SETTINGS.items()
-       if option.startswith("--autotune-")},
+    **{variable: "HOROVOD_AUTOTUNE" for flag, (variable, _) in SETTINGS.items()
+       if flag.startswith("--autotune-")},
 }
 
 _ELASTIC = ("elastic training is `python -m hpctrain.launch --elastic` (docs/elastic.md), "
@@ -185,22 +195,6 @@ REFUSED = {
                      "--blacklist-cooldown-range", "--host-discovery-script"), _ELASTIC),
 }
 
-#: Other spellings of the options below (Horovod's).
-ALIASES = {"--num-proc": "-np", "--hosts": "-H", "-hostfile": "--hostfile",
-           "--ssh-port": "-p", "--ssh-identity-file": "-i",
-           "--network-interface": "--network-interfaces",
-           "-prefix-timestamp": "--prefix-output-with-timestamp",
-           "--help": "-h", "--version": "-v"}
-#: Options that shape the launch and take a value.
-LAUNCH_VALUES = ("-np", "-H", "--hostfile", "--mpi-args", "--binding-args",
-                 "--output-filename", "-p", "-i", "--network-interfaces")
-#: Options that shape the launch and take none (``--mpi``: MPI is the only controller).
-LAUNCH_FLAGS = ("--verbose", "--mpi", "--prefix-output-with-timestamp", "--tag-output",
-                "--no-tag-output", "-h", "-v")
-#: Options that only mpirun can apply.
-MPIRUN_ONLY = ("--mpi-args", "--binding-args", "--output-filename",
-               "--prefix-output-with-timestamp", "-p", "-i")
-
 #: Variables of the launch environment not exported to the ranks on other hosts: they
 #: describe this host (its name, GPUs, working directory, shell) or this process's place in
 #: a Slurm allocation or an MPI job, which a rank elsewhere must learn from its own.
@@ -209,27 +203,69 @@ LOCAL_PREFIXES = ("BASH_FUNC_", "SLURM_", "PMI_")
 LOCAL_SUFFIXES = ("_VISIBLE_DEVICES",)
 
 
+def _words(text):
+    # Words for mpirun, as the shell would split them.
+    return shlex.split(text)
+
+
+def _nics(text):
+    return text.split(",")
+
+
 @dataclasses.dataclass
 class Options:
-    """What the command line gave (checked by :func:`parse_options`)."""
+    """What the command line gave: the launch's options, each a field with its spellings
+    (Horovod's first), range and help; ``settings``: the :class:`Tuning` options given, as
+    the variables the ranks get. Checked by :func:`parse_options`."""
 
     command: list = dataclasses.field(default_factory=list)
-    np: int = None
-    hosts: str = None                 # -H, as given
-    hostfile: str = None
+    np: int = option(None, "number of ranks (in a Slurm allocation: SLURM_NTASKS)",
+                     flags=("-np", "--num-proc"), minimum=1, metavar="N", example=8)
+    hosts: str = option(None, "hosts and their slots (HOST alone: 1 slot)",
+                        flags=("-H", "--hosts"), metavar="H:S,...", example="host1:4,host2:4")
+    hostfile: str = option(None, "one `HOST slots=N` per line",
+                           flags=("--hostfile", "-hostfile"), parse=_path, metavar="FILE",
+                           example="hosts.txt")
+    mpi_args: list = option([], "more mpirun options (last, so they win)",
+                            flags=("--mpi-args",), parse=_words, metavar='"ARGS"',
+                            example='"--mca btl tcp,self"')
+    binding_args: list = option([], "mpirun's binding (default --bind-to none --map-by slot)",
+                                flags=("--binding-args",), parse=_words, metavar='"ARGS"',
+                                example='"--bind-to core"')
+    output_filename: str = option(None, "mpirun --output-filename DIR",
+                                  flags=("--output-filename",), parse=_path, metavar="DIR",
+                                  example="logs")
+    timestamp: bool = option(False, "mpirun --timestamp-output",
+                             flags=("--prefix-output-with-timestamp", "-prefix-timestamp"),
+                             flag=True)
+    ssh_port: int = option(None, 'mpirun --mca plm_rsh_args "-p P"',
+                           flags=("-p", "--ssh-port"), minimum=1, metavar="P", example=22)
+    ssh_identity: str = option(None, 'mpirun --mca plm_rsh_args "-i F"',
+                               flags=("-i", "--ssh-identity-file"), parse=_path, metavar="F",
+                               example="~/.ssh/id_rsa")
+    interfaces: list = option([], "OMPI_MCA_btl_tcp_if_include and NCCL_SOCKET_IFNAME",
+                              flags=("--network-interfaces", "--network-interface"),
+                              parse=_nics, metavar="NICS", example="eth0")
+    tag: bool = option(True, "--no-tag-output: the ranks' lines as they wrote them (default: "
+                             "tagged [RANK]<stdout>: and [RANK]<stderr>:, as horovodrun "
+                             "does)",
+                       flags=("--tag-output",), off=("--no-tag-output",), flag=True)
+    verbose: bool = option(False, f"print the launch line; HOROVOD_LOG_LEVEL="
+                                  f"{VERBOSE_LOG_LEVEL}", flags=("--verbose",), flag=True)
+    mpi: bool = option(False, "accepted (MPI is the only controller)", flags=("--mpi",),
+                       flag=True)
+    help: bool = option(False, "this text", flags=("-h", "--help"), flag=True)
+    version: bool = option(False, "the version", flags=("-v", "--version"), flag=True)
     settings: dict = dataclasses.field(default_factory=dict)    # variable -> value
-    interfaces: list = dataclasses.field(default_factory=list)  # --network-interface(s)
-    ssh_port: int = None
-    ssh_identity: str = None
-    output_filename: str = None
-    timestamp: bool = False
-    binding_args: list = dataclasses.field(default_factory=list)
-    mpi_args: list = dataclasses.field(default_factory=list)
     mpirun_only: list = dataclasses.field(default_factory=list)  # such options given
-    verbose: bool = False
-    tag: bool = True                  # each line tagged with its rank, as horovodrun does
-    help: bool = False
-    version: bool = False
+
+
+#: Fields of :class:`Options` that only mpirun can apply.
+MPIRUN_ONLY = ("mpi_args", "binding_args", "output_filename", "timestamp", "ssh_port",
+               "ssh_identity")
+#: Every option: spelling -> field of :class:`Options` or :class:`Tuning`.
+LAUNCH, TUNING = by_flag(Options), {**{o: f for o, (_, f) in SETTINGS.items()},
+                                    **by_flag(Tuning)}
 
 
 @dataclasses.dataclass
@@ -250,25 +286,22 @@ def parse_options(argv):
         word = words.pop(0)
         if word == "--":
             break
-        name, eq, value = word.partition("=")
-        name = ALIASES.get(name, name)
+        name, eq, text = word.partition("=")
         if name in REFUSED:
             raise UsageError(f"{name} does not apply to {NAME}: {REFUSED[name]}")
-        if name in SWITCHES or name in LAUNCH_FLAGS:
+        f = LAUNCH.get(name) or TUNING.get(name)
+        if f is None:
+            raise UsageError(_unknown(name))
+        if f.type is bool:
             if eq:
                 raise UsageError(f"{name} takes no value (got {word!r})")
-            _flag(options, name)
+            _store(options, f, name not in f.metadata["off"])
             continue
-        if name not in SETTINGS and name not in LAUNCH_VALUES:
-            raise UsageError(_unknown(name))
         if not eq:
             if not words:
-                raise UsageError(f"{name} needs a value")
-            value = words.pop(0)
-        try:
-            _value(options, name, value)
-        except ValueError as exc:
-            raise UsageError(f"{name} {value!r}: {exc}") from None
+                raise UsageError(f"{name} needs a value; e.g. {example(f)}")
+            text = words.pop(0)
+        _store(options, f, checked_value(f, text, name))
     options.command = words
     if not (options.help or options.version):
         _check(options)
@@ -276,51 +309,23 @@ def parse_options(argv):
 
 
 def _unknown(name):
-    known = [*SETTINGS, *SWITCHES, *LAUNCH_VALUES, *LAUNCH_FLAGS, *ALIASES]
-    close = difflib.get_close_matches(name, known, n=1)
+    close = difflib.get_close_matches(name, [*LAUNCH, *TUNING], n=1)
     hint = f" (did you mean {close[0]}?)" if close else ""
     return f"unknown option {name}{hint}"
 
 
-def _flag(options, name):
-    if name in SWITCHES:
-        variable, value = SWITCHES[name]
-        options.settings[variable] = value
-    elif name == "--prefix-output-with-timestamp":
-        options.timestamp = True
-        options.mpirun_only.append(name)
-    elif name in ("--tag-output", "--no-tag-output"):
-        options.tag = name == "--tag-output"
-    elif name != "--mpi":
-        setattr(options, {"--verbose": "verbose", "-h": "help", "-v": "version"}[name], True)
-
-
-def _value(options, name, value):
-    """Store option ``name``'s ``value``; ``ValueError`` saying what is wanted."""
-    if name in SETTINGS:
-        variable, convert = SETTINGS[name]
-        options.settings[variable] = convert(value)
+def _store(options, f, value):
+    """Keep option ``f``'s ``value``: a tuning option as its variable, a list's words added
+    (``--binding-args``: the last one given), anything else as its field."""
+    if f.metadata["env"]:
+        options.settings[f.metadata["env"]] = _exported(f, value)
         return
-    if name in MPIRUN_ONLY:
-        options.mpirun_only.append(name)
-    if name == "-np":
-        options.np = _ranks(value)
-    elif name == "-H":
-        options.hosts = value
-    elif name == "--hostfile":
-        options.hostfile = _path(value)
-    elif name == "--network-interfaces":
-        options.interfaces += [nic for nic in value.split(",") if nic not in options.interfaces]
-    elif name == "-p":
-        options.ssh_port = _ranks(value)
-    elif name == "-i":
-        options.ssh_identity = _path(value)
-    elif name == "--output-filename":
-        options.output_filename = _path(value)
-    elif name == "--binding-args":
-        options.binding_args = shlex.split(value)
-    else:   # --mpi-args: words for mpirun, as the shell would split them
-        options.mpi_args += shlex.split(value)
+    if f.name in MPIRUN_ONLY:
+        options.mpirun_only.append(f.metadata["flags"][0])
+    if f.name in ("mpi_args", "interfaces"):
+        old = getattr(options, f.name)
+        value = old + [word for word in value if f.name == "mpi_args" or word not in old]
+    setattr(options, f.name, value)
 
 
 def _check(options):
@@ -447,9 +452,9 @@ def plan(options, environ, *, tty=False):
 def _switches_by_variable():
     """``{variable: ([option, ...], [value, ...])}`` of :data:`SWITCHES`, for ``--help``."""
     grouped = {}
-    for option, (variable, value) in SWITCHES.items():
+    for flag, (variable, value) in SWITCHES.items():
         spellings, values = grouped.setdefault(variable, ([], []))
-        spellings.append(option)
+        spellings.append(flag)
         if value not in values:
             values.append(value)
     return grouped
@@ -465,22 +470,7 @@ The ranks are started by mpirun, or by srun inside a Slurm allocation when no ho
 named ({LAUNCHER}=mpirun|srun chooses).
 
 launch:
-  -np, --num-proc N            number of ranks (in a Slurm allocation: SLURM_NTASKS)
-  -H, --hosts H:S,...          hosts and their slots (HOST alone: 1 slot)
-  --hostfile FILE              one `HOST slots=N` per line
-  --mpi-args "ARGS"            more mpirun options (last, so they win)
-  --binding-args "ARGS"        mpirun's binding (default --bind-to none --map-by slot)
-  --output-filename DIR        mpirun --output-filename DIR
-  --prefix-output-with-timestamp   mpirun --timestamp-output
-  -p, --ssh-port P             mpirun --mca plm_rsh_args "-p P"
-  -i, --ssh-identity-file F    mpirun --mca plm_rsh_args "-i F"
-  --network-interfaces NICS    OMPI_MCA_btl_tcp_if_include and NCCL_SOCKET_IFNAME
-  --no-tag-output              the ranks' lines as they wrote them (default: tagged
-                               [RANK]<stdout>: and [RANK]<stderr>:, as horovodrun does)
-  --verbose                    print the launch line; HOROVOD_LOG_LEVEL={VERBOSE_LOG_LEVEL}
-  --mpi                        accepted (MPI is the only controller)
-  -h, --help / -v, --version
-
+""" + help_lines(Options) + """
 settings for the ranks (exported with mpirun -x, as horovodrun does):
 """ + "".join(f"  {option:<37} {variable}{' (bytes)' if option.endswith('-mb') else ''}\n"
               for option, (variable, _) in SETTINGS.items()) + \

@@ -20,35 +20,19 @@ import numpy as np
 from ..bench import report
 from ..bench.sizes import format_size
 from . import crossover, launcher, plots
-from .sweep import machine_lines, rank_counts, say, settle
+from .sweep import machine_lines, rank_counts, say
 from .predict import prediction_table, prediction_markdown
 from .. import collectives
 from ..data.atomic import write_text
-from ..errors import UsageError
 from ..collectives import auto, cost
 
 #: The smallest size a study sweeps: one element of the benchmark's float32.
 SMALLEST = 4
 #: Ranks per node assumed for the prediction at scale when the study ran on one machine.
 SCALE_PER_NODE = 8
-#: What each option is when the command line leaves it out (``study allreduce --help`` says
-#: the same), and with ``--quick``.
-DEFAULTS = {"np": "2,3,4", "sizes": "8:64M", "factor": 4, "iters": 10, "warmup": 2,
-            "ranks_per_node": 0}
-QUICK = {"np": "2,3", "sizes": "8:1M", "factor": 16, "iters": 5, "warmup": 1}
-#: The smallest value each number option takes, and what it counts.
-SMALLEST_VALUE = {"factor": (2, "the size step factor"), "iters": (1, "timed iterations"),
-                  "warmup": (0, "warm-up iterations"),
-                  "ranks_per_node": (0, "ranks per node (0: one node)")}
-
-
 def run(args):
-    """Run the whole study; return 0 if every launch succeeded and no result was wrong."""
-    settle(args, DEFAULTS, QUICK)
-    for key, (least, what) in SMALLEST_VALUE.items():
-        if getattr(args, key) < least:
-            raise UsageError(f"--{key.replace('_', '-')} ({what}) must be >= {least}, got "
-                             f"{getattr(args, key)}")
+    """Run the whole study (``args``: an :class:`~.config.AllreduceStudy`'s fields, defaults
+    and ranges included); return 0 if every launch succeeded and no result was wrong."""
     ranks = rank_counts(args.np, minimum=2)
     factor, iters, warmup = args.factor, args.iters, args.warmup
     low, high = _size_span(args.sizes, factor)
@@ -402,7 +386,8 @@ def _bench(args, ranks, kind, *options):
 
 
 def _size_span(text, factor):
-    from ..bench.sizes import parse_size, size_range
+    from ..bench.sizes import size_range
+    from ..units import parse_size
     from ..errors import UsageError
 
     low, sep, high = text.partition(":")

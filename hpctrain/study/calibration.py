@@ -6,7 +6,8 @@ device's samples/s, the batch, devices per node, the links and the framework's g
 every other term takes its default range (:mod:`.defaults`). For each run: the published
 efficiency, the plan's point and band, the error; for each set (``tuning``: what the defaults
 chosen to hit whole runs were chosen on; ``held-out``: runs by others, the first test, since
-seen; ``held-out-2``: runs by others collected after that, never tuned against) the coverage
+seen; ``held-out-2``: runs by others collected after that, never tuned against, its results
+seen; ``held-out-3``: runs by others collected after those were seen) the coverage
 (the share of published figures inside their band, a figure standing for ± its ``pm``), the
 mean signed and absolute error, and the widest band.
 
@@ -15,10 +16,10 @@ line naming the run and an example of a good one (``UsageError``: exit 2).
 """
 
 import functools
-import math
 import os
 from dataclasses import asdict, dataclass, replace
 
+from .. import units
 from ..data.atomic import write_json, write_text
 from ..errors import UsageError
 from . import defaults as defaults_mod
@@ -28,7 +29,7 @@ from .overheads import Figure, exact
 #: The shipped file.
 PATH = os.path.join(os.path.dirname(__file__), "data", "published.toml")
 #: The sets of the file, in the order the report gives them.
-SETS = ("tuning", "held-out", "held-out-2")
+SETS = ("tuning", "held-out", "held-out-2", "held-out-3")
 #: A run as it should read, for the messages.
 EXAMPLE = ('[[run]] id = "horovod-128-vgg16", set = "tuning", model = "vgg16", gpus = 128, '
            'ranks_per_node = 4, intra = "pcie3", inter = "25gbe", batch = 64, '
@@ -123,8 +124,12 @@ def _run(path, index, table):
 
 
 def _number(value):
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and \
-        math.isfinite(value) and value > 0
+    # A number of the file (not text) above 0: units.number says whether it is one.
+    try:
+        units.number(value, float, positive=True)
+    except ValueError:
+        return False
+    return isinstance(value, (int, float))
 
 
 def _rate(where, given):
@@ -194,7 +199,7 @@ MAX_SPAN = 0.15
 #: Which sets each residual is chosen on. ``share`` on the tuning set, every run of which
 #: leaves its node; ``share_node`` (every reduction inside one NVLink node) on the tuning set
 #: and the first held-out set, since the tuning set holds no such run: that set no longer
-#: tests it. ``held-out-2`` is never tuned against.
+#: tests it. ``held-out-2`` and ``held-out-3`` are never tuned against.
 TUNED_ON = {"share": ("tuning",), "share_node": ("tuning", "held-out")}
 #: Every set some residual is chosen on.
 TUNED_SETS = tuple(dict.fromkeys(name for sets in TUNED_ON.values() for name in sets))
@@ -220,7 +225,8 @@ def tune_share(runs, defaults):
     the band: one plan per run at s = 0 serves the whole grid."""
     if any(run.set not in TUNED_SETS for run in runs):
         raise UsageError(f"--tune chooses defaults on the {' and '.join(TUNED_SETS)} sets "
-                         f"only; held-out-2 is never tuned against (give --set tuning)")
+                         f"only; held-out-2 and held-out-3 are never tuned against (give "
+                         f"--set tuning)")
     none = replace(defaults, figures={**defaults.figures, "share": exact(0.0, "none"),
                                       "share_node": exact(0.0, "none")})
     chosen = {}

@@ -319,7 +319,7 @@ def compare(tree, algo, nbytes, placement_name, seed=0, timeout=600):
 def run(args):
     """``study fattree``: every point simulated and compared, a line each as it ends;
     summary.md and fattree.json in --out."""
-    from ..bench.sizes import parse_size
+    from ..units import parse_size
     from .plan import _names
     from .sweep import rank_counts
 

@@ -143,9 +143,14 @@ def schedule(grads, policy, seconds, bucket_mb=25.0, fusion_mb=64.0, cycle_ms=1.
     return in_order(groups, seconds)
 
 
-def overlapped(transfers, backward_s):
-    """Seconds the channel is busy while backward runs."""
-    return sum(max(0.0, min(t.end, backward_s) - t.start) for t in transfers)
+def overlapped(transfers, backward_s, reduction=None):
+    """Seconds the channel is busy while backward runs; with ``reduction(nbytes, tensors)``
+    (a transfer's reduction alone), only the seconds its reductions run: a negotiation comes
+    first and moves no gradient through the device, so it does not slow backward."""
+    def start(t):
+        return t.start if reduction is None else max(t.start, t.end - reduction(t.nbytes,
+                                                                                t.tensors))
+    return sum(max(0.0, min(t.end, backward_s) - start(t)) for t in transfers)
 
 
 def predict(grads, forward_s, backward_s, p, cluster, algo, policy, bucket_mb=25.0,
@@ -173,7 +178,8 @@ def predict(grads, forward_s, backward_s, p, cluster, algo, policy, bucket_mb=25
     late = sum(t.nbytes for t in transfers if t.end > backward_s + 1e-12)
     total = sum(t.nbytes for t in transfers) or 1
     terms = {"compute_s": compute, "exposed_s": exposed, "negotiation_s": negotiation,
-             "slowdown_s": (overheads.slowdown_at(nodes) - 1) * overlapped(transfers, backward_s),
+             "slowdown_s": (overheads.slowdown_at(nodes) - 1) * overlapped(transfers, backward_s,
+                                                                          reduction),
              "tail_s": overheads.update_s.value * late / total,
              "straggler_s": overheads.spread.value * compute * expected_max(p),
              "residual_s": overheads.residual_s(compute, p, inside_node=nodes == 1)}

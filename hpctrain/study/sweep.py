@@ -1,5 +1,6 @@
 """What every study shares: the rank counts it sweeps, its progress lines, its report's header."""
 
+from .. import units
 from ..errors import UsageError
 
 
@@ -9,24 +10,12 @@ def rank_counts(text, minimum=1, option="--np"):
     ``UsageError`` for anything but comma-separated integers, or a count below ``minimum``.
     """
     try:
-        counts = sorted({int(part) for part in text.split(",")})
+        counts = sorted({units.number(part) for part in text.split(",")})
     except ValueError:
         raise UsageError(f"{option} takes rank counts like 2,3,4, got {text!r}") from None
     if counts[0] < minimum:
         raise UsageError(f"{option} rank counts must be >= {minimum}, got {text!r}")
     return counts
-
-
-def settle(args, defaults, quick=None):
-    """Give every option of ``defaults`` that the command line left ``None`` its value: from
-    ``quick`` where ``args.quick`` asks for the quick run and ``quick`` has it, else from
-    ``defaults``. One table per command, so that a value given on the command line (0
-    included) is never replaced by a fallback."""
-    for key, value in defaults.items():
-        if getattr(args, key, None) is None:
-            table = quick if quick is not None and getattr(args, "quick", False) else defaults
-            setattr(args, key, table.get(key, value))
-    return args
 
 
 def machine_lines(cores, env, ranks):

@@ -35,27 +35,20 @@ from ..errors import UsageError
 from ..train import tensorboard
 from ..train.config import ALLREDUCE
 from . import launcher, plots
-from .sweep import machine_lines, rank_counts, say, settle
+from .sweep import machine_lines, rank_counts, say
 
 #: The PyTorch DistributedDataParallel baseline's name among the ``--allreduce`` names.
 DDP = "ddp"
-# Horovod leaves the default lists where it is not installed.
-DEFAULTS = {"np": "1,2,4", "allreduce": "horovod,mpi,ring,tree,butterfly,ddp", "epochs": 3,
-            "rounds": 1}
-QUICK = {"np": "1,2", "allreduce": "ring,horovod,ddp", "epochs": 2, "rounds": 1}
 
 
 def run(args):
-    """Run the whole study; return 0 (a failed launch raises with its output)."""
-    settle(args, DEFAULTS, QUICK)
-    defaults = QUICK if args.quick else DEFAULTS
+    """Run the whole study (``args``: a :class:`~.config.TrainStudy`'s fields, defaults and
+    ranges included, and ``given``: those the command line gave); return 0 (a failed launch
+    raises with its output)."""
     ranks, algos = _rank_counts(args.np), algorithms(args.allreduce)
-    if args.allreduce == defaults["allreduce"]:
+    if "allreduce" not in args.given:
+        # Horovod leaves the default lists where it is not installed.
         algos = [a for a in algos if a != "horovod" or "horovod" in collectives.available()]
-    if args.epochs < 2:
-        raise UsageError("--epochs must be >= 2: the first epoch is warm-up, the rest measured")
-    if args.rounds < 1:
-        raise UsageError(f"--rounds must be >= 1, got {args.rounds}")
     check_batches(args, ranks)
     if args.tensorboard:
         tensorboard.check(args.tensorboard)

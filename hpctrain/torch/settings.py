@@ -24,7 +24,7 @@ applies.
 import os
 from dataclasses import dataclass
 
-from .. import startup
+from .. import startup, units
 from ..errors import UsageError
 
 @dataclass(frozen=True)
@@ -55,13 +55,9 @@ def _boolean(name, value):
 
 def _number(name, value, kind, example):
     try:
-        number = kind(value)
-    except ValueError:
-        number = None
-    if number is None or number < 0 or number != number:
-        what = "a whole number" if kind is int else "a number"
-        raise UsageError(f"{name}={value!r} is not {what} >= 0: e.g. {name}={example}")
-    return number
+        return units.number(value, kind, minimum=0)
+    except ValueError as exc:
+        raise UsageError(f"{name}={value!r} is not {exc}: e.g. {name}={example}") from None
 
 
 #: Horovod 0.28.1's runtime variables that concern ``horovod.torch``: what hpctrain does with

@@ -13,12 +13,11 @@ The defaults train the digits MLP; ``configs/digits.toml`` spells them out.
 
 import dataclasses
 import json
-import math
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
-from .. import plugins
+from .. import options, plugins, units
 from ..collectives import ALGORITHMS, DEFAULT_ALLREDUCE, ENV_ALLREDUCE, auto
 from ..errors import UsageError
 from ..log import logger
@@ -51,13 +50,9 @@ PROGRESS = ("auto", "always", "never")
 NONFINITE = ("error", "skip")
 
 
-def _key(default, help, *, choices=None, minimum=None, below=None, positive=False, flag=None,
-         env=None):
-    # minimum: value >= minimum; below: value < below; positive: value > 0;
-    # flag: the value of a bare ``--key`` with no value; env: a variable that sets it.
-    meta = {"help": help, "choices": choices, "minimum": minimum, "below": below,
-            "positive": positive, "flag": flag, "env": env}
-    return field(default=default, metadata=meta)
+#: A key: its default, help, range or choices, the value of a bare ``--key`` (``flag``) and the
+#: variable that sets it (``env``); the same field as every command's (hpctrain/options.py).
+_key = options.option
 
 
 @dataclass(frozen=True)
@@ -238,19 +233,7 @@ def load_config(path=None, overrides=(), environ=None):
 def environment_values(environ):
     """``{key: value}`` for the keys whose variable ``environ`` sets (to a non-empty value);
     ``UsageError`` naming the variable for a bad value."""
-    values = {}
-    for f in fields(TrainConfig):
-        variable = f.metadata["env"]
-        text = environ.get(variable) if variable else None
-        if not text:
-            continue
-        try:
-            value = _from_text(f, text)
-            _check_value(f, value)
-        except UsageError as exc:
-            raise UsageError(f"{variable}={text!r} (the environment): {exc}") from None
-        values[f.name] = value
-    return values
+    return options.environment_values(TrainConfig, environ)
 
 
 def read_toml(path):
@@ -314,19 +297,10 @@ def _from_text(f, text):
         return f.metadata["flag"]
     try:
         if f.type is bool:
-            return _parse_bool(text)
+            return units.boolean(text)
         return f.type(text)
     except ValueError:
         raise UsageError(f"{option}: {text!r} is not a valid {f.type.__name__}") from None
-
-
-def _parse_bool(text):
-    lowered = text.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(text)
 
 
 def _from_toml(f, value, path):
@@ -339,33 +313,13 @@ def _from_toml(f, value, path):
 
 
 def _check_value(f, value):
-    meta, name = f.metadata, f.name
+    name = f.name
     if name == "model" and value not in MODELS and not plugins.is_spec(value):
         raise UsageError(f"model: {value!r} is not one of {', '.join(MODELS)}, nor a "
                          f"package.module:factory")
     if name == "dataset" and value and not plugins.is_spec(value):
         raise UsageError(f"dataset: {value!r} is not a package.module:factory")
-    if meta["choices"] and value not in meta["choices"]:
-        raise UsageError(f"{name}: {value!r} is not one of {', '.join(meta['choices'])}")
-    # NaN compares false with every bound below, and inf passes a lower bound: either would
-    # reach the data split or the model builder and fail there with a traceback.
-    if f.type is float and not math.isfinite(value):
-        raise UsageError(f"{name} must be a finite number{_valid_range(meta)}, got {value}")
-    if meta["minimum"] is not None and value < meta["minimum"]:
-        raise UsageError(f"{name} must be >= {meta['minimum']}, got {value}")
-    if meta["below"] is not None and value >= meta["below"]:
-        raise UsageError(f"{name} must be < {meta['below']}, got {value}")
-    if meta["positive"] and not value > 0:
-        raise UsageError(f"{name} must be > 0, got {value}")
-
-
-def _valid_range(meta):
-    # The bounds of a number key, as " >= 0.0 and < 1.0"; "" when it has none.
-    bounds = [f">= {meta['minimum']}" if meta["minimum"] is not None else "",
-              f"< {meta['below']}" if meta["below"] is not None else "",
-              "> 0" if meta["positive"] else ""]
-    text = " and ".join(b for b in bounds if b)
-    return f" {text}" if text else ""
+    options.check_value(f, value)
 
 
 def _toml_value(value):

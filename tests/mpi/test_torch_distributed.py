@@ -128,6 +128,33 @@ def test_all_reduce_non_contiguous_and_async(dist_algo, comm):
     all_ranks(comm, work.is_completed() and future.done() and not failures, failures)
 
 
+def sparse_of(rank, dense_width=0):
+    """Rank ``rank``'s sparse COO tensor of shape (6,) or (6, dense_width): a non-zero at
+    row ``rank % 6`` and one at row 5 that every rank shares, given twice (uncoalesced)."""
+    rows = [rank % 6, 5, 5]
+    shape = (6, dense_width) if dense_width else (6,)
+    vals = torch.tensor([rank + 1.0, 1.0, 2.0])
+    if dense_width:
+        vals = vals[:, None].expand(3, dense_width).clone()
+    return torch.sparse_coo_tensor([rows], vals, shape)
+
+
+def test_sparse_all_reduce_sums_in_place_and_refuses_other_ops(dist_algo, comm):
+    rank, size = dist.get_rank(), dist.get_world_size()
+    failures = []
+    for width in (0, 3):                        # plain, and hybrid (a dense part per row)
+        tensor = sparse_of(rank, width)
+        dist.all_reduce(tensor)
+        want = sum(sparse_of(r, width).to_dense() for r in range(size))
+        if not tensor.is_sparse or not tensor.is_coalesced():
+            failures.append(f"width {width}: the result is not a coalesced sparse tensor")
+        compare(failures, f"sparse width {width}", tensor.to_dense(), want)
+    refused = raised(lambda: dist.all_reduce(sparse_of(rank), op=dist.ReduceOp.MAX))
+    if not isinstance(refused, RuntimeError) or "ReduceOp.SUM only" not in str(refused):
+        failures.append(f"MAX of a sparse tensor: {refused!r}")
+    all_ranks(comm, not failures, failures)
+
+
 def test_all_reduce_coalesced(dist_algo, comm):
     rank, size = dist.get_rank(), dist.get_world_size()
     tensors = [values(rank, n, dtype) for n, dtype in
@@ -326,6 +353,48 @@ def test_new_group_and_device_mesh(dist_algo, comm):
     all_ranks(comm, not failures, failures)
 
 
+def test_sub_groups_of_a_sub_group_and_groups_that_overlap(dist_algo, comm):
+    rank, size = dist.get_rank(), dist.get_world_size()
+    failures = []
+    # Halves of 3 ranks would make 2 and 1 sub-groups, and every rank of the world makes as
+    # many new_group calls (docs/torch-distributed.md): sub-groups of halves at other sizes.
+    if size != 3:
+        failures += sub_groups_of_halves(rank, size)
+    if size > 2:      # rank r asks for {r, r+1}: each group's next member asked for another
+        error = raised(lambda: dist.new_group([rank, (rank + 1) % size]))
+        if not isinstance(error, ValueError) or "asked for" not in str(error):
+            failures.append(f"overlapping groups: {error!r}")
+    # Only a group's members calling: refused on each of them at once, nothing waits.
+    error = raised(lambda: dist.new_group([rank], use_local_synchronization=True))
+    if not isinstance(error, ValueError) or "use_local_synchronization" not in str(error):
+        failures.append(f"use_local_synchronization: {error!r}")
+    t = torch.ones(1)
+    dist.all_reduce(t)                      # the world still works afterwards
+    compare(failures, "world after", t, torch.tensor([float(size)]))
+    all_ranks(comm, not failures, failures)
+
+
+def sub_groups_of_halves(rank, size):
+    """new_subgroups(group=) of each half of the world (even and odd ranks): torch calls
+    new_group on each half's ranks with that half's groups, so ranks ask for different
+    groups in one call. The failures seen."""
+    failures = []
+    halves = [list(range(first, size, 2)) for first in range(min(size, 2))]
+    half, half_groups = dist.new_subgroups_by_enumeration(ranks_per_subgroup_list=halves)
+    mine, singles = dist.new_subgroups(group_size=1, group=half)
+    if len(singles) != len(halves[rank % 2]) or dist.get_process_group_ranks(mine) != [rank]:
+        failures.append(f"{len(singles)} groups, mine {dist.get_process_group_ranks(mine)}")
+    t = torch.tensor([rank + 1.0])
+    dist.all_reduce(t, group=mine)
+    compare(failures, "a group of one", t, torch.tensor([rank + 1.0]))
+    t = torch.tensor([rank + 1.0])
+    dist.all_reduce(t, group=half)
+    compare(failures, "half", t, torch.tensor([sum(r + 1.0 for r in halves[rank % 2])]))
+    for group in singles + half_groups:
+        dist.destroy_process_group(group)
+    return failures
+
+
 def test_errors_raise_on_every_rank(dist_algo, comm):
     rank, size = dist.get_rank(), dist.get_world_size()
     errors = []
@@ -386,6 +455,22 @@ def timed_groups(dist_algo):
         dist.destroy_process_group(made)
 
 
+def ddp_on(group, comm, tries=3):
+    """A DDP model over ``group`` (of a short timeout), its set-up tried up to ``tries`` times
+    by every rank together."""
+    for _ in range(tries - 1):
+        comm.Barrier()
+        try:
+            return torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1),
+                                                             process_group=group)
+        except RuntimeError as error:
+            if " Timed out " not in str(error):
+                raise
+    comm.Barrier()
+    return torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1),
+                                                     process_group=group)
+
+
 def test_a_collective_past_its_timeout_fails_on_every_rank(timed_groups, comm):
     """Only rank 0 calls, the others only after its call failed: rank 0's fails once the
     timeout has passed, theirs at once, with the same error (gloo's type, RuntimeError),
@@ -396,11 +481,9 @@ def test_a_collective_past_its_timeout_fails_on_every_rank(timed_groups, comm):
     group, slow = timed_groups
     # DDP's reducer waits on the future in C++: it must see a failed future as failed. Its
     # set-up makes collectives on the group of the short timeout: the ranks start it
-    # together, so that a rank late by more than the timeout on a busy machine (seen at a
-    # load average of 10) does not fail the set-up itself.
-    comm.Barrier()
-    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1),
-                                                      process_group=group)
+    # together, and start again where a rank was late by more than the timeout all the same
+    # (seen at load averages of 10 and 18); such a time-out fails on every rank alike.
+    model = ddp_on(group, comm)
     cases = {
         "barrier": lambda: dist.barrier(group=group),
         "DDP's backward": lambda: model(torch.ones(3, 2)).sum().backward(),

@@ -26,7 +26,8 @@ from conftest import PER_RANK_BATCH
 
 pytestmark = pytest.mark.mpi
 
-CASES = [("allreduce", algo) for algo in ALLREDUCE] + [("ps", "ring"), ("ps-sharded", "ring")]
+CASES = [("allreduce", algo) for algo in ALLREDUCE] + [("server", "ring"),
+                                                     ("sharded-server", "ring")]
 
 # data_file and config are tests/conftest.py's: 40 rows, 30 for training, in steps of
 # PER_RANK_BATCH rows per rank with nothing that depends on the number of ranks.

@@ -176,6 +176,8 @@ class ProcessGroupHpctrain(dist.ProcessGroup):
 
     def _allreduce(self, function, tensors, opts):
         reduce_op = dist.ReduceOp.SUM if opts is None else opts.reduceOp
+        if len(tensors) == 1 and tensors[0].is_sparse:
+            return self._sparse_allreduce(function, tensors[0], reduce_op, opts)
         chosen = reduction(reduce_op)
 
         def check():
@@ -202,6 +204,39 @@ class ProcessGroupHpctrain(dist.ProcessGroup):
                 packed.unpack(group)
             return tensors
         return self._queue(function, tensors, check, work, tensors, opts=opts)
+
+    def _sparse_allreduce(self, function, tensor, reduce_op, opts):
+        """The sum of a sparse COO ``tensor`` over the group, in place and coalesced, as
+        gloo's: every rank's indices and values are gathered (each rank's count of
+        non-zeros travels with the negotiation) and summed. ``ReduceOp.SUM`` only, as gloo."""
+        coalesced = tensor.coalesce()
+        indices = coalesced.indices().t().contiguous()     # one row per non-zero
+        values = coalesced.values().contiguous()
+        width = int(torch.Size(values.shape[1:]).numel())  # a hybrid tensor's dense part
+
+        def check():
+            name = reduction(reduce_op).name
+            if name != "SUM":
+                raise RuntimeError(f"{function}: sparse tensors are reduced with "
+                                   f"ReduceOp.SUM only (as gloo), got ReduceOp.{name}; "
+                                   f"reduce tensor.to_dense() for other ops")
+            return (tuple(tensor.shape), tensor.sparse_dim(), dtype_name(values)), \
+                values.shape[0]
+
+        def work(comm, infos):
+            counts = [int(n) for n in infos]
+            rows = torch.empty((sum(counts), indices.shape[1]), dtype=indices.dtype,
+                               device=indices.device)
+            self._allgather_flat(comm, indices, rows.view(-1),
+                                 [n * indices.shape[1] for n in counts])
+            gathered = torch.empty((sum(counts), *values.shape[1:]), dtype=values.dtype,
+                                   device=values.device)
+            self._allgather_flat(comm, values, gathered.view(-1), [n * width for n in counts])
+            tensor.copy_(torch.sparse_coo_tensor(rows.t(), gathered, tensor.shape,
+                                                 check_invariants=False).coalesce())
+            return [tensor]
+        return self._queue(function, [indices, values], check, work, [tensor], agreed=[],
+                           opts=opts)
 
     def reduce(self, tensors, opts=None):
         """Reduce ``tensors[0]`` over the group into the root's (others' may be overwritten)."""
@@ -584,6 +619,11 @@ class ProcessGroupHpctrain(dist.ProcessGroup):
         (``HPCTRAIN_DEADLOCK_S``) when that rank waits in another collective.
         """
         _warn_other_backend(ranks)
+        if c10d_local("_new_group_with_tag", "use_local_synchronization"):
+            raise ValueError(f"dist.new_group({sorted(ranks)}, use_local_synchronization="
+                             f"True): the hpctrain backend makes every group on every rank "
+                             f"of the world, so the ranks outside it must call new_group too; "
+                             f"call it on every rank without use_local_synchronization")
         pset = make_set(self.world, ranks, self.timeout)
         if self.world.rank not in pset.ranks:
             return None
@@ -647,23 +687,51 @@ def make_set(w, ranks, timeout=None):
     the global set, which fails on every rank if some rank has not asked for it within
     ``timeout`` seconds: the default group's), with its communicator and its point-to-point
     duplicate, even where a set of those ranks exists (torch's groups of the same ranks are
-    distinct groups). A rank that makes another collective instead, or names other ranks,
-    fails with the others."""
+    distinct groups). A rank that makes another collective instead fails with the others.
+
+    Ranks may ask for different groups in one call, as ``dist.new_subgroups(group=)`` makes
+    them (each sub-group's ranks split it; the others split theirs): every group asked for is
+    made, once, where each of its members asked for it (:func:`asked_groups`)."""
     members = sorted(int(r) for r in ranks)
-    pset = ProcessSet(members)
+    made = {}
 
     def register(comm, infos):
-        w.register_set(pset, members, distinct=False)
-        P2P_COMMS[pset.process_set_id] = p2p_duplicate(w, pset.comm)
+        for group in asked_groups([list(info) for info in infos]):
+            pset = ProcessSet(group)
+            w.register_set(pset, group, distinct=False)
+            P2P_COMMS[pset.process_set_id] = p2p_duplicate(w, pset.comm)
+            if group == members:
+                made["set"] = pset
         return None, None
 
     call = start("new_group", None, global_process_set, lambda p: None)
-    synchronize(submit(w, global_process_set, call.name,
-                       signature("new_group", extra=members),
+    synchronize(submit(w, global_process_set, call.name, signature("new_group"),
                        f"dist.new_group({members}) (every rank of the default group calls "
-                       f"new_group with the same ranks, in the same order as its "
-                       f"collectives)", register, timeout=timeout))
-    return pset
+                       f"new_group, in the same order as its collectives)", register,
+                       info=tuple(members), timeout=timeout))
+    return made["set"]
+
+
+def asked_groups(asked):
+    """The groups to make when world rank ``r`` asked for ``asked[r]``, in the order of the
+    first rank that asked for each; ``ValueError`` (alike on every rank, which all hold the
+    same ``asked``) where a member of a group asked for another group: no rank can be
+    in two groups made by one call, and none can be left out of its own."""
+    groups = []
+    for group in asked:
+        if group not in groups:
+            groups.append(group)
+    for group in groups:
+        strays = [r for r in group if not 0 <= r < len(asked) or asked[r] != group]
+        if strays:
+            rank = strays[0]
+            told = asked[rank] if 0 <= rank < len(asked) else "nothing: it is not a rank"
+            raise ValueError(f"dist.new_group: a group of ranks {group} was asked for, but "
+                             f"its rank {rank} asked for {told}: in one new_group call "
+                             f"every member of a group asks for that same group (the other "
+                             f"ranks may ask for a group of their own, as "
+                             f"new_subgroups(group=) does)")
+    return groups
 
 
 def create(options, backend_options=None):
