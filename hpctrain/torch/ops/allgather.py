@@ -15,7 +15,7 @@ import math
 import torch
 
 from .common import (Average, check_tensor, describe_tensors, object_call, on_thread,
-                     signature, start, submit, synchronize)
+                     rows_moved, signature, start, submit, synchronize)
 from ..process_sets import global_process_set
 
 
@@ -37,15 +37,9 @@ def gather_into(comm, algo, tensors, rows):
     outputs = []
     for i, tensor in enumerate(tensors):
         counts = [r[i] for r in rows]
-        rest = tuple(tensor.shape[1:])
-        width = math.prod(rest)
-        out = torch.empty((sum(counts),) + rest, dtype=tensor.dtype, device=tensor.device)
-        if comm.Get_size() == 1:
-            out.copy_(tensor)
-        else:
-            collectives.allgather(tensor.detach().contiguous().view(-1), out.view(-1),
-                                  [c * width for c in counts], algo=algo, comm=comm)
-        outputs.append(out)
+        outputs.append(rows_moved(comm, tensor, counts, lambda send, recv, width, counts=counts:
+                                  collectives.allgather(send, recv, [c * width for c in counts],
+                                                        algo=algo, comm=comm)))
     return outputs
 
 

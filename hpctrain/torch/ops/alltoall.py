@@ -8,11 +8,10 @@ any data moves. With ``splits`` given, the result is ``(tensor, received_splits)
 differentiable ``alltoall`` is in :mod:`.autograd`.
 """
 
-import math
-
 import torch
 
-from .common import check_tensor, describe_tensors, on_thread, signature, start, submit
+from .common import (check_tensor, describe_tensors, on_thread, rows_moved, signature,
+                     start, submit)
 from ..process_sets import global_process_set
 
 
@@ -62,15 +61,10 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
 
         me = comm.Get_rank()
         received = [info[me] for info in infos]
-        rest = tuple(tensor.shape[1:])
-        width = math.prod(rest)
-        out = torch.empty((sum(received),) + rest, dtype=tensor.dtype, device=tensor.device)
-        if comm.Get_size() == 1:
-            out.copy_(tensor)
-        else:
-            collectives.alltoall(tensor.detach().contiguous().view(-1),
-                                 [s * width for s in sends], out.view(-1),
-                                 [r * width for r in received], algo=algo, comm=comm)
+        out = rows_moved(comm, tensor, received, lambda send, recv, width:
+                         collectives.alltoall(send, [s * width for s in sends], recv,
+                                              [r * width for r in received], algo=algo,
+                                              comm=comm))
         return out, torch.tensor(received, dtype=torch.int32, device=splits_device)
 
     return submit(w, pset, name, signature("alltoall", [tensor], ragged=True),

@@ -6,6 +6,7 @@ A call checks its arguments here, on the caller's thread. A bad argument is rais
 fail with this rank's reason instead of waiting for a request that will never come.
 """
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -146,6 +147,20 @@ def submit(w, pset, name, signature, describe, run, info=None, repeats=False, ti
     """Queue one operation (see :class:`hpctrain.torch.engine.Request`); return its handle."""
     return w.engine.submit(Request(pset.process_set_id, name, signature, describe, run, info,
                                    repeats, timeout))
+
+
+def rows_moved(comm, tensor, rows, move):
+    """On the communication thread: a new tensor of ``sum(rows)`` rows shaped as ``tensor``'s
+    other dimensions, filled by ``move(send, recv, width)`` (flat views of ``tensor`` and of
+    the result; ``width``: elements per row): an allgather's or an alltoall's data phase.
+    Over one rank, a copy of ``tensor``."""
+    rest = tuple(tensor.shape[1:])
+    out = torch.empty((sum(rows),) + rest, dtype=tensor.dtype, device=tensor.device)
+    if comm.Get_size() == 1:
+        out.copy_(tensor)
+    else:
+        move(tensor.detach().contiguous().view(-1), out.view(-1), math.prod(rest))
+    return out
 
 
 def describe_tensors(kind, name, tensors, **extra):
