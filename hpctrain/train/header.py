@@ -1,5 +1,6 @@
 """The ``#`` header rank 0 prints at the start of a run, and its ``config.toml``."""
 
+from ..data.atomic import write_text
 from ..models import parameter_bytes
 
 
@@ -15,7 +16,7 @@ def write(config, data, model, regime, *, size, device, schedule, updates_per_ep
 
     c, path = config, config.run_path
     path.mkdir(parents=True, exist_ok=True)
-    (path / "config.toml").write_text(c.to_toml())
+    write_text(path / "config.toml", c.to_toml())
     levels = {MPI.THREAD_SINGLE: "SINGLE", MPI.THREAD_FUNNELED: "FUNNELED",
               MPI.THREAD_SERIALIZED: "SERIALIZED", MPI.THREAD_MULTIPLE: "MULTIPLE"}
     how = f"allreduce {c.allreduce}" if c.regime == "allreduce" else f"regime {c.regime}"

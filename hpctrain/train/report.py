@@ -110,7 +110,7 @@ class MetricsFile:
         if enabled:
             path.parent.mkdir(parents=True, exist_ok=True)
             if not (append and path.exists()):
-                with open(path, "w", newline="") as f:
+                with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
                     csv.writer(f).writerow(COLUMNS)
             elif epochs_done is not None:
                 self._keep_epochs(epochs_done)
