@@ -13,7 +13,7 @@ import pytest
 from conftest import launch
 from hpctrain.errors import UsageError
 from hpctrain.torch import settings
-from hpctrain.torch.engine import StallInspector
+from hpctrain.torch.engine import OpKey, StallInspector
 from hpctrain.torch.ops.common import signature
 
 PROGRAM = "tests/programs/horovod_habits.py"
@@ -96,7 +96,7 @@ class _Waiting:
 
 
 def test_the_stall_shutdown_is_decided_from_rank_0s_clock_alike_everywhere():
-    table = {(0, "allreduce.w"): _Waiting(first=10.0)}
+    table = {OpKey(0, "allreduce.w"): _Waiting(first=10.0)}
     for rank in (0, 1):
         inspector = StallInspector(rank, settings.Settings(stall_shutdown_s=5.0))
         inspector.note([True, False], 14.9)

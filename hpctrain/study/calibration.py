@@ -24,12 +24,13 @@ from ..data.atomic import write_json, write_text
 from ..errors import UsageError
 from . import defaults as defaults_mod
 from . import horovod_published, links, plan_report, planner
+from .config import CALIBRATION_SETS
 from .overheads import Figure, exact
 
 #: The shipped file.
 PATH = os.path.join(os.path.dirname(__file__), "data", "published.toml")
 #: The sets of the file, in the order the report gives them.
-SETS = ("tuning", "held-out", "held-out-2", "held-out-3")
+SETS = CALIBRATION_SETS
 #: A run as it should read, for the messages.
 EXAMPLE = ('[[run]] id = "horovod-128-vgg16", set = "tuning", model = "vgg16", gpus = 128, '
            'ranks_per_node = 4, intra = "pcie3", inter = "25gbe", batch = 64, '
