@@ -149,7 +149,7 @@ def test_bad_input_is_one_verdict(mpirun, hpctrain_cmd, files, tmp_path, case):
 EVERY_NP = ("missing file", "unknown option", "checkpoint of another configuration")
 
 
-@pytest.mark.parametrize("np", [1, 2, 4])
+@pytest.mark.parametrize("np", [1, 4])    # and NP (3), every case's count above
 @pytest.mark.parametrize("case", EVERY_NP)
 def test_one_verdict_at_every_rank_count(mpirun, hpctrain_cmd, files, tmp_path, case, np):
     options, message, *_ = CASES[case]

@@ -113,7 +113,8 @@ def test_the_stall_shutdown_is_decided_from_rank_0s_clock_alike_everywhere():
 # ----- the habits, launched ------------------------------------------------------------------
 
 @pytest.mark.alone
-@pytest.mark.parametrize("np", [2, 3])
+# At np 3: a split with a set of one rank and one of two (the MPI suite covers np 1 to 4).
+@pytest.mark.parametrize("np", [3])
 @pytest.mark.parametrize("mode", ["uninit", "split", "dynamic", "comm-list"])
 def test_a_horovod_habit_behaves_as_under_horovod(np, mode):
     run = run_mode(np, mode)

@@ -42,7 +42,7 @@ def test_info_lists_every_rank_and_the_horovod_build(mpirun, hpctrain_cmd):
     assert out.count("hpctrain info:") == 1, "only rank 0 prints"
 
 
-@pytest.mark.parametrize("np, rank", [(np, rank) for np in (1, 2, 3) for rank in range(np)])
+@pytest.mark.parametrize("np, rank", [(1, 0), (2, 1), (3, 0), (3, 2)])
 def test_a_failing_rank_ends_the_whole_job(mpirun, hpctrain_cmd, np, rank):
     # Rank `rank` raises just before the gather in which rank 0 waits for everyone: without
     # MPI_Abort the other ranks would wait forever (see test_unguarded_failure_hangs).

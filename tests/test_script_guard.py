@@ -49,7 +49,8 @@ def seconds_after_raise(run):
     return run.ended - float(raised.group(1))
 
 
-@pytest.mark.parametrize("np, bad", [(np, bad) for np in (2, 3, 4) for bad in range(np)])
+# The first, a middle and the last rank, at 2 to 4 ranks (the guard has no other case).
+@pytest.mark.parametrize("np, bad", [(2, 1), (3, 0), (3, 1), (4, 3)])
 def test_a_rank_that_raises_ends_the_job(mpirun, tmp_path, np, bad):
     run = run_script(mpirun, np, bad, "ring", tmp_path)
     assert run.returncode != 0, run.output

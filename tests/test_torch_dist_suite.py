@@ -17,7 +17,7 @@ from conftest import REPO, run_bounded
 SUITE = str(REPO / "scripts" / "torch-dist-suite")
 # A test of the tiny tree that hangs is ended after HUNG s; the whole run (torch imported
 # twice by every rank, once more after the hang) is killed at HANG.
-HUNG = 15
+HUNG = 8
 HANG = 300
 
 TINY = '''
