@@ -458,17 +458,14 @@ def timed_groups(dist_algo):
 def ddp_on(group, comm, tries=3):
     """A DDP model over ``group`` (of a short timeout), its set-up tried up to ``tries`` times
     by every rank together."""
-    for _ in range(tries - 1):
+    for attempt in range(1, tries + 1):
         comm.Barrier()
         try:
             return torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1),
                                                              process_group=group)
         except RuntimeError as error:
-            if " Timed out " not in str(error):
+            if " Timed out " not in str(error) or attempt == tries:
                 raise
-    comm.Barrier()
-    return torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1),
-                                                     process_group=group)
 
 
 def test_a_collective_past_its_timeout_fails_on_every_rank(timed_groups, comm):
