@@ -9,7 +9,7 @@ from ..options import check, option
 
 #: ``study calibrate``'s sets of published runs (:mod:`.calibration` reads them from here:
 #: this module stays light, for every command line's parse).
-CALIBRATION_SETS = ("tuning", "held-out", "held-out-2", "held-out-3")
+CALIBRATION_SETS = ("tuning", "held-out", "held-out-2", "held-out-3", "held-out-4")
 
 
 @dataclass
@@ -209,7 +209,7 @@ class CalibrateStudy:
     tune: bool = option(False, "instead: choose the residuals' default ranges, the narrowest "
                                "that put the most runs inside their band: share on the tuning "
                                "set, share_node (one NVLink node) on the tuning and held-out "
-                               "sets; held-out-2 and -3 never (with --set all: the sets "
+                               "sets; held-out-2, -3 and -4 never (with --set all: the sets "
                                "tuned on)",
                         flag=True)
     out: str = option(os.path.join("runs", "calibrate"), "folder for calibration.md and "
