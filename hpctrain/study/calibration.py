@@ -41,7 +41,7 @@ REQUIRED = ("id", "set", "model", "gpus", "ranks_per_node", "intra", "inter", "b
 OPTIONAL = {"samples_per_s_low": None, "samples_per_s_high": None, "published": None,
             "speedup": None, "throughput": None, "pm": 0.0, "adapters": 1,
             "policy": "horovod", "cycle_ms": 5.0, "fusion_mb": 64.0, "negotiation": True,
-            "framework": ""}
+            "framework": "", "rate_with_wrapper": False}
 #: Within this many points the point counts as close.
 CLOSE = 5.0
 
@@ -69,6 +69,9 @@ class Run:
     negotiation: bool
     framework: str
     source: str
+    #: One device's rate was measured under the framework's distributed wrapper at one rank,
+    #: so the framework's own per-step work is already in it.
+    rate_with_wrapper: bool = False
 
 
 def load(path=None):
@@ -117,12 +120,16 @@ def _run(path, index, table):
     if given["policy"] not in ("horovod", "ddp", "hpctrain"):
         raise UsageError(f"{where}: policy {given['policy']!r} is not horovod, ddp or "
                          f"hpctrain; e.g. {EXAMPLE}")
+    if not isinstance(given["rate_with_wrapper"], bool):
+        raise UsageError(f"{where}: rate_with_wrapper must be true or false (one device's rate "
+                         f"measured under the framework's wrapper), e.g. rate_with_wrapper = "
+                         f"true")
     planner.rank_counts(given["gpus"], given["ranks_per_node"])
     return Run(given["id"], given["set"], given["model"], given["gpus"],
                given["ranks_per_node"], given["intra"], given["inter"], given["batch"], rate,
                efficiency, float(given["pm"]), given["adapters"], given["policy"],
                float(given["cycle_ms"]), float(given["fusion_mb"]), bool(given["negotiation"]),
-               given["framework"], given["source"])
+               given["framework"], given["source"], given["rate_with_wrapper"])
 
 
 def _number(value):
@@ -174,6 +181,8 @@ def predict(run, defaults):
     overheads = defaults.overheads(nvlink=intra.name.startswith("nvlink"))
     if not run.negotiation:
         overheads = overheads.without("tensor_s", "rank_s")
+    if run.rate_with_wrapper:               # the framework's work is in one device's rate
+        overheads = overheads.without(f"framework_{run.policy}")
     layers = _layers(run.model)
 
     def efficiency(ends):
