@@ -47,6 +47,21 @@ low = 0
 high = 0
 source = "none seen"
 basis = "term"
+[framework_ddp]
+low = 2e-5
+high = 4e-5
+source = "with and without the wrapper"
+basis = "term"
+[framework_hpctrain]
+low = 2e-5
+high = 4e-5
+source = "the same mechanism"
+basis = "argument"
+[framework_horovod]
+low = 0
+high = 0
+source = "none seen"
+basis = "term"
 [share]
 low = 0.02
 high = 0.1
@@ -132,6 +147,12 @@ def test_the_residual_inside_one_nvlink_node_is_its_own_share(tmp_path):
     (lambda t: t.replace("low = 1.5", "low = 0.5"), "entry [slowdown_node]: low 0.5 is below 1"),
     (lambda t: t.replace("low = 0.001", 'low = "small"'), "entry [spread]: low and high must be "
                                                          "numbers"),
+    (lambda t: t.replace("low = 2e-5\nhigh = 4e-5\nsource = \"with", "low = 4e-5\nhigh = 2e-5\n"
+                         "source = \"with"),
+     "entry [framework_ddp]: low 4e-05 is above high 2e-05 (a range given backwards); e.g. "
+     "[slowdown] low = 1.015"),
+    (lambda t: t.replace('[framework_horovod]\nlow = 0\nhigh = 0\nsource = "none seen"\n'
+                         'basis = "term"\n', ""), "entry [framework_horovod] is missing"),
     (lambda t: t + "[stragglers]\nlow = 0\n", "unknown entry [stragglers]"),
     (lambda t: t + "[[broken", "not TOML"),
 ])
@@ -162,9 +183,39 @@ def test_without_inputs_no_term_is_zero_and_a_given_term_replaces_its_default(tm
     assert slow.slowdown.value == slow.slowdown_node.value == 1.1
 
 
+def test_the_frameworks_own_work_defaults_per_policy_and_is_given_once_for_all(tmp_path):
+    mine = defaults.load(write(tmp_path, GOOD))
+    inputs = mine.overheads()
+    assert inputs.framework_at("ddp") == mine.figures["framework_ddp"]
+    assert inputs.framework_at("horovod").value == 0
+    # --framework-us is the framework the user runs: it replaces every policy's default.
+    given = plan.overheads_of(_args(framework_us="30:19:48"), [1, 2], defaults=mine)
+    for policy in step.POLICIES:
+        fig = given.framework_at(policy)
+        assert (fig.value, fig.low, fig.high) == pytest.approx((30e-6, 19e-6, 48e-6))
+        assert fig.source == "given (--framework-us)"
+    # The shipped DDP range is DDP's own measurement, not a fit.
+    shipped = defaults.load()
+    assert shipped.basis["framework_ddp"] == "term"
+    assert (shipped.figures["framework_ddp"].low, shipped.figures["framework_ddp"].high) == \
+        (19e-6, 48e-6)
+
+
+def test_a_rate_measured_under_the_wrapper_is_not_charged_the_wrapper_again(tmp_path):
+    wrapped = RUN.replace('policy = "ddp"', 'policy = "ddp"\nrate_with_wrapper = true')
+    (run,) = calibration.load(write(tmp_path, wrapped, "wrapped.toml"))
+    (plain,) = calibration.load(write(tmp_path, RUN, "plain.toml"))
+    assert run.rate_with_wrapper and not plain.rate_with_wrapper
+    mine = defaults.load(write(tmp_path, GOOD))
+    assert calibration.predict(run, mine)["point"] > calibration.predict(plain, mine)["point"]
+    bad = RUN.replace('policy = "ddp"', 'policy = "ddp"\nrate_with_wrapper = "yes"')
+    with pytest.raises(UsageError, match="run 'a': rate_with_wrapper must be true or false"):
+        calibration.load(write(tmp_path, bad, "bad.toml"))
+
+
 def _args(**given):
     names = ("spread", "slowdown", "update_ms", "negotiation_us", "negotiation_rank_us",
-             "measured_efficiency")
+             "framework_us", "measured_efficiency")
     return type("Args", (), {name: given.get(name) for name in names})()
 
 
@@ -229,16 +280,17 @@ def test_a_malformed_published_file_names_the_run_and_a_good_one(tmp_path, edit,
         calibration.load(write(tmp_path, edit(RUN), "runs.toml"))
 
 
-def test_the_shipped_runs_have_four_disjoint_sets_each_with_its_sources():
+def test_the_shipped_runs_have_five_disjoint_sets_each_with_its_sources():
     runs = calibration.load()
     sets = {name: [r for r in runs if r.set == name] for name in calibration.SETS}
-    assert calibration.SETS == ("tuning", "held-out", "held-out-2", "held-out-3")
+    assert calibration.SETS == ("tuning", "held-out", "held-out-2", "held-out-3", "held-out-4")
     assert all(len(sets[name]) >= 6 for name in calibration.SETS)
     assert all(r.source and r.rate.value > 0 and 0 < r.efficiency <= 100 for r in runs)
     assert set(calibration.HOROVOD_SIX) <= {r.id for r in sets["tuning"]}
     # The held-out sets are others' runs: none of Horovod's own tables.
     assert not any("Horovod README" in r.source or "benchmarks.rst" in r.source
-                   for r in sets["held-out"] + sets["held-out-2"] + sets["held-out-3"])
+                   for r in sets["held-out"] + sets["held-out-2"] + sets["held-out-3"]
+                   + sets["held-out-4"])
     # Each later held-out set is fresh: no document (publisher and file) of the sets before it.
     def document(run):
         return tuple(part.split(" (")[0].strip() for part in run.source.split(",")[:2])
@@ -246,6 +298,10 @@ def test_the_shipped_runs_have_four_disjoint_sets_each_with_its_sources():
     assert not seen & {document(r) for r in sets["held-out-2"]}
     seen |= {document(r) for r in sets["held-out-2"]}
     assert not seen & {document(r) for r in sets["held-out-3"]}
+    seen |= {document(r) for r in sets["held-out-3"]}
+    assert not seen & {document(r) for r in sets["held-out-4"]}
+    # held-out-4 is the set that leaves the node: every run over two nodes or more.
+    assert all(r.gpus > r.ranks_per_node for r in sets["held-out-4"])
 
 
 def test_the_calibrate_command_takes_every_set_by_name():
@@ -268,7 +324,8 @@ def test_scores_count_the_band_with_the_published_figures_precision():
 
 def test_tuning_refuses_the_second_held_out_set_and_chooses_the_narrowest_best_ranges():
     runs = calibration.load()
-    with pytest.raises(UsageError, match="held-out-2 and held-out-3 are never tuned against"):
+    with pytest.raises(UsageError,
+                       match="held-out-2, held-out-3 and held-out-4 are never tuned against"):
         calibration.tune_share(runs, defaults.load())
     tuning = [r for r in runs if r.set == "tuning"][:2]
     ((low, high), (most, count)), = calibration.tune_share(tuning, defaults.load()).values()

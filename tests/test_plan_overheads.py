@@ -62,6 +62,26 @@ def test_each_term_adds_what_its_input_says():
     assert hvd["negotiation_s"] == pytest.approx(0.4)
 
 
+def test_the_frameworks_own_work_is_fixed_seconds_per_gradient_under_each_policy():
+    grads = [step.Gradient(name, 4, 1.0) for name in "abc"]
+    inputs = Overheads(framework_ddp=exact(0.01), framework_hpctrain=exact(0.02),
+                       framework_horovod=exact(0.0))
+
+    def framework(p, policy, forward_s=1.0, backward_s=2.0):
+        row = step.predict(grads, forward_s, backward_s, p, CLUSTER, "ring", policy,
+                           cycle_ms=0, overheads=inputs)
+        assert row["step_s"] == pytest.approx(sum(row[k] for k in planner.TERM_KEYS))
+        return row["framework_s"], row["compute_s"]
+    # One rank: one device's rate holds it. More: each policy's figure times the gradients.
+    assert framework(1, "ddp")[0] == 0
+    assert [framework(4, policy)[0] for policy in ("ddp", "hpctrain", "horovod")] == \
+        pytest.approx([0.03, 0.06, 0.0])
+    # Fixed seconds, not a share: a step half as long (mixed precision) loses twice the share.
+    seconds, compute = framework(4, "ddp", 0.5, 1.0)
+    assert seconds == pytest.approx(0.03) and seconds / compute == pytest.approx(2 * 0.03 / 3)
+    assert inputs.framework_at("hpctrain") == exact(0.02)
+
+
 def test_figures_have_ends_and_the_pessimistic_end_takes_each_cost_high():
     inputs = Overheads(spread=Figure(0.02, 0.01, 0.04), slowdown=Figure(1.1, 1.0, 1.2))
     assert inputs.uncertain and not Overheads().uncertain
@@ -183,6 +203,7 @@ def _plan(tmp_path, *args):
 def test_the_command_prints_every_term_the_links_and_the_band(tmp_path):
     done = _plan(tmp_path, "--intra", "pcie3", "--inter", "25gbit,10us", "--spread",
                  "0.01:0.005:0.02", "--slowdown", "1.04", "--negotiation-us", "10:7:33",
+                 "--framework-us", "30:19:48",
                  "--band", "--global-batch", "1024", "--samples-per-s", "219:200:240",
                  "--measured-efficiency", "8=0.9:0.88:0.92")
     assert done.returncode == 0, done.stderr
@@ -193,6 +214,8 @@ def test_the_command_prints_every_term_the_links_and_the_band(tmp_path):
     assert "link 25gbit,10us: busbw 3.12 GB/s of 3.12 line, 10 µs" in done.stdout
     assert "- stragglers: spread of one rank's step 1 (0.5-2) %" in done.stdout
     assert "- negotiation: 10 (7-33) µs per negotiated tensor" in done.stdout
+    assert "- framework: per gradient and step at p > 1: hpctrain 30 (19-48) µs (given " \
+        "(--framework-us)); ddp 30 (19-48) µs" in done.stdout
     assert "## Strong scaling: a global batch of 1024" in done.stdout
     assert "| 16 x 64 |" in done.stdout
     document = json.loads((tmp_path / "plan.json").read_text())
@@ -213,6 +236,8 @@ def test_the_command_prints_every_term_the_links_and_the_band(tmp_path):
     (("--measured-efficiency", "16=0.9:0.95:1"), "give an efficiency above 0 as VALUE or "
                                                  "VALUE:LOW:HIGH with LOW <= VALUE <= HIGH"),
     (("--samples-per-s", "0"), "--samples-per-s '0': give one device's samples/s above 0"),
+    (("--framework-us", "48:19:30"), "--framework-us '48:19:30': give VALUE:LOW:HIGH with "
+                                     "LOW <= VALUE <= HIGH"),
 ])
 def test_bad_input_exits_2_naming_the_option_and_a_valid_example(tmp_path, args, message):
     done = _plan(tmp_path, *args)

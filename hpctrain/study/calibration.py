@@ -7,7 +7,8 @@ every other term takes its default range (:mod:`.defaults`). For each run: the p
 efficiency, the plan's point and band, the error; for each set (``tuning``: what the defaults
 chosen to hit whole runs were chosen on; ``held-out``: runs by others, the first test, since
 seen; ``held-out-2``: runs by others collected after that, never tuned against, its results
-seen; ``held-out-3``: runs by others collected after those were seen) the coverage
+seen; ``held-out-3``: runs by others collected after those were seen; ``held-out-4``: runs
+by others that leave their node, collected after held-out-3 was seen) the coverage
 (the share of published figures inside their band, a figure standing for ± its ``pm``), the
 mean signed and absolute error, and the widest band.
 
@@ -40,7 +41,7 @@ REQUIRED = ("id", "set", "model", "gpus", "ranks_per_node", "intra", "inter", "b
 OPTIONAL = {"samples_per_s_low": None, "samples_per_s_high": None, "published": None,
             "speedup": None, "throughput": None, "pm": 0.0, "adapters": 1,
             "policy": "horovod", "cycle_ms": 5.0, "fusion_mb": 64.0, "negotiation": True,
-            "framework": ""}
+            "framework": "", "rate_with_wrapper": False}
 #: Within this many points the point counts as close.
 CLOSE = 5.0
 
@@ -68,6 +69,9 @@ class Run:
     negotiation: bool
     framework: str
     source: str
+    #: One device's rate was measured under the framework's distributed wrapper at one rank,
+    #: so the framework's own per-step work is already in it.
+    rate_with_wrapper: bool = False
 
 
 def load(path=None):
@@ -116,12 +120,16 @@ def _run(path, index, table):
     if given["policy"] not in ("horovod", "ddp", "hpctrain"):
         raise UsageError(f"{where}: policy {given['policy']!r} is not horovod, ddp or "
                          f"hpctrain; e.g. {EXAMPLE}")
+    if not isinstance(given["rate_with_wrapper"], bool):
+        raise UsageError(f"{where}: rate_with_wrapper must be true or false (one device's rate "
+                         f"measured under the framework's wrapper), e.g. rate_with_wrapper = "
+                         f"true")
     planner.rank_counts(given["gpus"], given["ranks_per_node"])
     return Run(given["id"], given["set"], given["model"], given["gpus"],
                given["ranks_per_node"], given["intra"], given["inter"], given["batch"], rate,
                efficiency, float(given["pm"]), given["adapters"], given["policy"],
                float(given["cycle_ms"]), float(given["fusion_mb"]), bool(given["negotiation"]),
-               given["framework"], given["source"])
+               given["framework"], given["source"], given["rate_with_wrapper"])
 
 
 def _number(value):
@@ -173,6 +181,8 @@ def predict(run, defaults):
     overheads = defaults.overheads(nvlink=intra.name.startswith("nvlink"))
     if not run.negotiation:
         overheads = overheads.without("tensor_s", "rank_s")
+    if run.rate_with_wrapper:               # the framework's work is in one device's rate
+        overheads = overheads.without(f"framework_{run.policy}")
     layers = _layers(run.model)
 
     def efficiency(ends):
@@ -200,7 +210,7 @@ MAX_SPAN = 0.15
 #: Which sets each residual is chosen on. ``share`` on the tuning set, every run of which
 #: leaves its node; ``share_node`` (every reduction inside one NVLink node) on the tuning set
 #: and the first held-out set, since the tuning set holds no such run: that set no longer
-#: tests it. ``held-out-2`` and ``held-out-3`` are never tuned against.
+#: tests it. ``held-out-2``, ``held-out-3`` and ``held-out-4`` are never tuned against.
 TUNED_ON = {"share": ("tuning",), "share_node": ("tuning", "held-out")}
 #: Every set some residual is chosen on.
 TUNED_SETS = tuple(dict.fromkeys(name for sets in TUNED_ON.values() for name in sets))
@@ -226,8 +236,8 @@ def tune_share(runs, defaults):
     the band: one plan per run at s = 0 serves the whole grid."""
     if any(run.set not in TUNED_SETS for run in runs):
         raise UsageError(f"--tune chooses defaults on the {' and '.join(TUNED_SETS)} sets "
-                         f"only; held-out-2 and held-out-3 are never tuned against (give "
-                         f"--set tuning)")
+                         f"only; held-out-2, held-out-3 and held-out-4 are never tuned "
+                         f"against (give --set tuning)")
     none = replace(defaults, figures={**defaults.figures, "share": exact(0.0, "none"),
                                       "share_node": exact(0.0, "none")})
     chosen = {}

@@ -9,7 +9,7 @@ from ..options import check, option
 
 #: ``study calibrate``'s sets of published runs (:mod:`.calibration` reads them from here:
 #: this module stays light, for every command line's parse).
-CALIBRATION_SETS = ("tuning", "held-out", "held-out-2", "held-out-3")
+CALIBRATION_SETS = ("tuning", "held-out", "held-out-2", "held-out-3", "held-out-4")
 
 
 @dataclass
@@ -109,7 +109,7 @@ class PlanStudy:
                                          "adapters", "link_efficiency", "reduce_rate"),
         "the terms besides compute and communication, and the band": (
             "spread", "slowdown", "update_ms", "negotiation_us", "negotiation_rank_us",
-            "measured_efficiency", "defaults", "band", "global_batch"),
+            "framework_us", "measured_efficiency", "defaults", "band", "global_batch"),
         "how gradients are reduced": ("params", "algos", "policies", "bucket_mb", "fusion_mb",
                                       "cycle_ms"),
     }
@@ -159,6 +159,10 @@ class PlanStudy:
     negotiation_rank_us: str = option(None, "µs more per tensor and per rank, for a "
                                             "coordinator that gathers every rank's requests "
                                             "(default: 0)", metavar=RANGE)
+    framework_us: str = option(None, "µs the framework's own work costs per gradient and step "
+                                     "at p > 1 (hooks, copies into buckets), for every policy "
+                                     "(default: per policy, data/defaults.toml: DDP 19-48)",
+                               metavar=RANGE)
     measured_efficiency: str = option(None, "an efficiency measured at P ranks (a smaller run "
                                             "of the same model, cluster, first --algos and "
                                             "--policies): what the terms do not explain there "
@@ -209,7 +213,7 @@ class CalibrateStudy:
     tune: bool = option(False, "instead: choose the residuals' default ranges, the narrowest "
                                "that put the most runs inside their band: share on the tuning "
                                "set, share_node (one NVLink node) on the tuning and held-out "
-                               "sets; held-out-2 and -3 never (with --set all: the sets "
+                               "sets; held-out-2, -3 and -4 never (with --set all: the sets "
                                "tuned on)",
                         flag=True)
     out: str = option(os.path.join("runs", "calibrate"), "folder for calibration.md and "

@@ -1,10 +1,11 @@
 """The default range of every term of a plan that its user does not give or measure.
 
 ``study plan`` never takes a silent zero: a term not given (``--spread``, ``--slowdown``,
-``--update-ms``, ``--negotiation-us``, ``--negotiation-rank-us``, ``--measured-efficiency``)
-takes the range ``data/defaults.toml`` gives it, each with its source and its basis (from the
-term's own measurements, from an argument, or chosen to hit published whole runs). The value is
-the middle of the range, the band's ends its ends (:class:`.overheads.Figure`).
+``--update-ms``, ``--negotiation-us``, ``--negotiation-rank-us``, ``--framework-us``,
+``--measured-efficiency``) takes the range ``data/defaults.toml`` gives it, each with its
+source and its basis (from the term's own measurements, from an argument, or chosen to hit
+published whole runs). The value is the middle of the range, the band's ends its ends
+(:class:`.overheads.Figure`).
 
 A file that is missing or malformed is refused with one line naming the entry and an example
 of a good one (``UsageError``: exit 2).
@@ -16,14 +17,14 @@ import tomllib
 from dataclasses import dataclass, replace
 
 from ..errors import UsageError
-from .overheads import Figure, Overheads
+from .overheads import FRAMEWORK_TERMS, Figure, Overheads
 
 #: The shipped file, and how the reports name it.
 PATH = os.path.join(os.path.dirname(__file__), "data", "defaults.toml")
 SHIPPED = "hpctrain/study/data/defaults.toml"
 #: Every entry the file must have, in the order the plan lists them.
-TERMS = ("spread", "slowdown", "slowdown_node", "update_s", "tensor_s", "rank_s", "share",
-         "share_node")
+TERMS = ("spread", "slowdown", "slowdown_node", "update_s", "tensor_s", "rank_s", "framework_ddp",
+         "framework_hpctrain", "framework_horovod", "share", "share_node")
 #: How a range was chosen.
 BASES = {"term": "from the term's own measurements",
          "argument": "from how the step works",
@@ -34,6 +35,7 @@ EXAMPLE = ('[slowdown] low = 1.015, high = 1.036, source = "NVIDIA/nccl#689", '
 #: How each term reads: its unit and the factor to it.
 UNITS = {"spread": (" %", 100), "update_s": (" ms", 1e3), "tensor_s": (" µs", 1e6),
          "rank_s": (" µs", 1e6), "share": (" % of compute", 100),
+         **dict.fromkeys(FRAMEWORK_TERMS, (" µs per gradient", 1e6)),
          "share_node": (" % of compute", 100)}
 #: The smallest value each entry may take (a slowdown is a factor of at least 1).
 MINIMUM = {"slowdown": 1.0, "slowdown_node": 1.0}

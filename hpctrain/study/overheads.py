@@ -15,6 +15,12 @@ p ranks pays besides computing and reducing, each with its stated uncertainty.
 - **negotiation**: the cost of agreeing on each tensor before its reduction, per tensor and
   cycle ``tensor_s`` plus ``rank_s`` per rank (a coordinator that gathers every rank's
   requests, as Horovod's without its cache, grows linearly with p);
+- **framework**: the framework's own work per gradient and step at p > 1, beyond what one
+  device's rate holds: DDP's hook and copies into and out of its buckets per parameter, ours
+  the same, Horovod's besides its negotiation (``framework_ddp``, ``framework_hpctrain``,
+  ``framework_horovod``, seconds per gradient: :meth:`Overheads.framework_at`). Fixed
+  seconds per step, not a share of compute: a shorter step (mixed precision, a faster
+  device) loses a larger share to it;
 - **residual**: what a run measured at ``measured_p`` ranks (its efficiency, ``measured``)
   cost beyond every term above, carried to the other rank counts as a share of compute
   (:meth:`Overheads.solved` finds it). One measured scale cannot tell a cost that stays
@@ -35,6 +41,9 @@ from dataclasses import dataclass, field, fields, replace
 import numpy as np
 
 from ..errors import UsageError
+
+#: The framework's own work per gradient, one input per gradient policy (:mod:`.step`).
+FRAMEWORK_TERMS = ("framework_ddp", "framework_hpctrain", "framework_horovod")
 
 
 @dataclass(frozen=True)
@@ -97,7 +106,7 @@ def figure(text, option, example, minimum=0.0, source="given"):
 
 @dataclass(frozen=True)
 class Overheads:
-    """The inputs of the five terms (see the module's text); none by default.
+    """The inputs of the six terms (see the module's text); none by default.
 
     ``measured`` is an efficiency measured at ``measured_p`` ranks (0: none); ``residual``
     the share of compute it leaves beyond the other terms there, once :meth:`solved`;
@@ -112,6 +121,9 @@ class Overheads:
     measured: Figure = field(default_factory=lambda: exact(0.0, "not given"))
     share: Figure = field(default_factory=lambda: exact(0.0, "not given"))
     share_node: Figure = field(default_factory=lambda: exact(0.0, "not given"))
+    framework_ddp: Figure = field(default_factory=lambda: exact(0.0, "not given"))
+    framework_hpctrain: Figure = field(default_factory=lambda: exact(0.0, "not given"))
+    framework_horovod: Figure = field(default_factory=lambda: exact(0.0, "not given"))
     measured_p: int = 0
     residual: float = 0.0
     end: str = "point"
@@ -190,6 +202,16 @@ class Overheads:
     def slowdown_at(self, nodes):
         """Backward's slowdown factor beside a reduction of a step over ``nodes`` nodes."""
         return (self.slowdown_node if nodes == 1 else self.slowdown).value
+
+    def framework_at(self, policy):
+        """The framework's own seconds per gradient and step under ``policy`` (``ddp``,
+        ``hpctrain`` or ``horovod``)."""
+        return getattr(self, f"framework_{policy}")
+
+    def framework_s(self, gradients, p, policy):
+        """Seconds a step of ``gradients`` gradients spends in the framework's own work at
+        ``p`` ranks (0 at one rank: one device's rate holds what it does there)."""
+        return self.framework_at(policy).value * gradients if p > 1 else 0.0
 
     def negotiation_s(self, tensors, p):
         """Seconds to agree on ``tensors`` tensors among ``p`` ranks (0 at one rank)."""

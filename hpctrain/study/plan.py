@@ -30,7 +30,7 @@ from ..data.atomic import write_json, write_text
 from ..errors import UsageError
 from . import defaults as defaults_mod
 from . import links
-from .overheads import Figure, Overheads, exact, figure
+from .overheads import FRAMEWORK_TERMS, Figure, Overheads, exact, figure
 from .plan_report import summary, write_hdf5, write_plots
 from .planner import (FLIP, best, cycle_ms, label, links_cluster, model_builder, model_layers, plan,
                       rank_counts, solved, strong, strong_counts, uncertain_inputs, widest,
@@ -80,14 +80,17 @@ def overheads_of(args, counts, measured=None, defaults=None, nvlink=False):
             ("--slowdown", "slowdown", "1.05:1.0:1.1", 1.0),
             ("--update-ms", "update_s", "2:1:3", 0.0),
             ("--negotiation-us", "tensor_s", "10:7:33", 0.0),
-            ("--negotiation-rank-us", "rank_s", "0.3:0:1", 0.0)):
+            ("--negotiation-rank-us", "rank_s", "0.3:0:1", 0.0),
+            ("--framework-us", FRAMEWORK_TERMS, "30:19:48", 0.0)):
         text = getattr(args, option[2:].replace("-", "_"))
         if text is None:
             continue
         value = figure(text, option, example, minimum)
         scale = 1e-3 if option.endswith("-ms") else 1e-6 if option.endswith("-us") else 1.0
-        given[key] = Figure(value.value * scale, value.low * scale, value.high * scale,
-                            f"given ({option})")
+        # --framework-us is the framework the user runs: it stands for every policy's.
+        for name in (key,) if isinstance(key, str) else key:
+            given[name] = Figure(value.value * scale, value.low * scale, value.high * scale,
+                                 f"given ({option})")
     if measured is not None:
         if "spread" not in given and measured.spread is not None:
             given["spread"] = measured.spread

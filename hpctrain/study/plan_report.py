@@ -9,12 +9,14 @@ from dataclasses import asdict
 from . import links
 from .horovod_published import (HOROVOD_16_GPUS, HOROVOD_ONE_GPU, HOROVOD_OVERHEADS, TERMS,
                                 horovod_links, horovod_rate, inside_band)
-from .overheads import Overheads, expected_max
+from .overheads import FRAMEWORK_TERMS, Overheads, expected_max
 from .planner import TERM_KEYS, below_half, best, label, rivals
+from .step import POLICIES
 
 
 #: How the tables head the step's terms (:data:`.planner.TERM_KEYS`, in its order).
-TERM_HEADS = ("compute", "exposed", "negotiation", "slowdown", "tail", "stragglers", "residual")
+TERM_HEADS = ("compute", "exposed", "negotiation", "framework", "slowdown", "tail", "stragglers",
+              "residual")
 
 
 #: Each input that can widen a band, in words.
@@ -26,6 +28,9 @@ INPUT_WORDS = {"rate": "one device's rate", "intra": "the link inside a node",
                "tensor_s": "the negotiation per tensor", "rank_s": "the negotiation per rank",
                "share": "the residual no term explains",
                "share_node": "the residual no term explains inside a node",
+               "framework_ddp": "DDP's own work per step",
+               "framework_hpctrain": "hpctrain's own work per step",
+               "framework_horovod": "Horovod's own work per step",
                "measured": "the measured efficiency's range"}
 #: What narrows each input.
 NARROWING = {"rate": "one device's rate measured on it (--samples-per-s VALUE, or "
@@ -44,6 +49,9 @@ NARROWING = {"rate": "one device's rate measured on it (--samples-per-s VALUE, o
              "rank_s": "--negotiation-rank-us measured at two or more scales",
              "share": "a two-node run into --measured-efficiency",
              "share_node": "a two-GPU run into --measured-efficiency",
+             **dict.fromkeys(FRAMEWORK_TERMS,
+                             "--framework-us from one device's step with and without the "
+                             "framework's wrapper"),
              "measured": "a longer measured run (a tighter --measured-efficiency range)"}
 
 
@@ -116,6 +124,9 @@ def _overhead_lines(overheads):
             ("negotiation", f"{o.tensor_s.describe(' µs', 1e6)} per negotiated tensor "
                             f"({o.tensor_s.source}) + {o.rank_s.describe(' µs', 1e6)} per "
                             f"rank ({o.rank_s.source})"),
+            ("framework", "per gradient and step at p > 1: " + "; ".join(
+                f"{policy} {o.framework_at(policy).describe(' µs', 1e6)} "
+                f"({o.framework_at(policy).source})" for policy in POLICIES)),
             ("residual", _residual_text(o))]
 
 

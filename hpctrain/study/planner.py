@@ -260,5 +260,5 @@ def solved(weak, overheads, choice):
 
 
 #: The step's terms as the rows have them (:data:`.plan_report.TERM_HEADS` heads them).
-TERM_KEYS = ("compute_s", "exposed_s", "negotiation_s", "slowdown_s", "tail_s", "straggler_s",
-             "residual_s")
+TERM_KEYS = ("compute_s", "exposed_s", "negotiation_s", "framework_s", "slowdown_s", "tail_s",
+             "straggler_s", "residual_s")

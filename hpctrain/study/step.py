@@ -11,9 +11,10 @@ still costs (:mod:`.overheads`).
 - **one communication channel** reduces the groups in order, each as soon as it is ready and
   the channel is free, in the negotiation's time plus the time the cost model gives;
 - what the channel has not finished when backward ends is **exposed**; besides it the step
-  pays the **stragglers**, the **tail** (the late gradients' update), the **slowdown**
-  of backward while a reduction runs beside it, and the **residual** a measured run left:
-  step = forward + backward + exposed + negotiation + slowdown + tail + stragglers + residual.
+  pays the **framework**'s own work per gradient, the **stragglers**, the **tail** (the late
+  gradients' update), the **slowdown** of backward while a reduction runs beside it, and the
+  **residual** a measured run left: step = forward + backward + exposed + negotiation +
+  framework + slowdown + tail + stragglers + residual.
 """
 
 import math
@@ -157,7 +158,8 @@ def predict(grads, forward_s, backward_s, p, cluster, algo, policy, bucket_mb=25
             fusion_mb=64.0, cycle_ms=1.0, overheads=None):
     """One prediction: the step at ``p`` ranks with ``algo`` and ``policy``, term by term
     (seconds): ``compute_s``, ``exposed_s`` (communication alone), ``negotiation_s``,
-    ``slowdown_s``, ``tail_s``, ``straggler_s``, ``residual_s`` and their sum ``step_s``."""
+    ``framework_s``, ``slowdown_s``, ``tail_s``, ``straggler_s``, ``residual_s`` and their
+    sum ``step_s``."""
     overheads = overheads or Overheads()
     nodes = max(1, p // cluster.ranks_per_node)
     options = {"ranks_per_node": min(p, cluster.ranks_per_node)}
@@ -178,6 +180,7 @@ def predict(grads, forward_s, backward_s, p, cluster, algo, policy, bucket_mb=25
     late = sum(t.nbytes for t in transfers if t.end > backward_s + 1e-12)
     total = sum(t.nbytes for t in transfers) or 1
     terms = {"compute_s": compute, "exposed_s": exposed, "negotiation_s": negotiation,
+             "framework_s": overheads.framework_s(len(grads), p, policy),
              "slowdown_s": (overheads.slowdown_at(nodes) - 1) * overlapped(transfers, backward_s,
                                                                           reduction),
              "tail_s": overheads.update_s.value * late / total,
