@@ -22,7 +22,8 @@ from hpctrain.data import synthetic, write_arrays
 from hpctrain.train import TrainConfig, train
 from hpctrain.train.config import ALLREDUCE
 
-NP = 3        # every case; a few at every rank count 1..4
+NP = 3        # the checks that name some ranks of several
+CASE_NP = 2   # every case; a few at 1 and 4 too
 NP_ALLREDUCE = 2
 # s, from launch to exit, start-up included. Idle, a launch took 4.1-6.2 s at np 1..4: Python
 # and torch starting in every rank (3.4 s at np 1, 6.1 s at np 4 on 2 cores), then mpirun's
@@ -136,11 +137,11 @@ def test_bad_input_is_one_verdict(mpirun, hpctrain_cmd, files, tmp_path, case):
     run_dir = tmp_path / "run"
     command = train_command(hpctrain_cmd, files, run_dir,
                             *[o.format(root=files) for o in options])
-    run = mpirun(NP, command, timeout=HANG)
+    run = mpirun(CASE_NP, command, timeout=HANG)
     # A case may hold several excerpts of one message: check the first one's line.
-    assert_one_verdict(run, messages[0].format(root=files, np=NP))
+    assert_one_verdict(run, messages[0].format(root=files, np=CASE_NP))
     for message in messages[1:]:
-        assert message.format(root=files, np=NP) in run.output, run.output
+        assert message.format(root=files, np=CASE_NP) in run.output, run.output
     assert not run_dir.exists(), "a failed start wrote into the run directory"
 
 
@@ -149,7 +150,7 @@ def test_bad_input_is_one_verdict(mpirun, hpctrain_cmd, files, tmp_path, case):
 EVERY_NP = ("missing file", "unknown option", "checkpoint of another configuration")
 
 
-@pytest.mark.parametrize("np", [1, 4])    # and NP (3), every case's count above
+@pytest.mark.parametrize("np", [1, 4])    # and CASE_NP (2), every case's count above
 @pytest.mark.parametrize("case", EVERY_NP)
 def test_one_verdict_at_every_rank_count(mpirun, hpctrain_cmd, files, tmp_path, case, np):
     options, message, *_ = CASES[case]

@@ -154,7 +154,8 @@ def test_a_failing_job_fails_in_slurm_too(slurm_env, tmp_path):
     assert "[hpctrain] rank 1 of 2" in output
 
 
-@pytest.mark.parametrize("script", ["jobs/train-cpu.sbatch", "jobs/train-cpu-multinode.sbatch"])
+# jobs/train-cpu-multinode.sbatch: on two nodes in test_slurm_two_nodes.py.
+@pytest.mark.parametrize("script", ["jobs/train-cpu.sbatch"])
 def test_train_job_reaches_its_accuracy_line(slurm_env, tmp_path, script):
     # The multi-node script runs here on the one node (2 cores) this Slurm has: same body,
     # resized through sbatch's options.
@@ -168,17 +169,6 @@ def test_train_job_reaches_its_accuracy_line(slurm_env, tmp_path, script):
     assert (tmp_path / "run" / "metrics.csv").exists()
     # The bar redraws itself after a carriage return; read_text() would turn it into "\n".
     assert b"\r" not in (tmp_path / "job.out").read_bytes(), "the job asked for --progress never"
-
-
-def test_study_job_writes_its_report(slurm_env, tmp_path):
-    code, output = submit(slurm_env, "jobs/study.sbatch", tmp_path, "--nodes=1",
-                          "--ntasks-per-node=2", "--time=00:10:00",
-                          extra_env={"HPCTRAIN_ARGS": f"--quick --algos ring "
-                                                      f"--out {tmp_path}/report"})
-    assert code == 0, output
-    assert "# study at 2 ranks (2 per node)" in output
-    for name in ("study.h5", "params.json", "summary.md"):
-        assert (tmp_path / "report" / name).exists(), output
 
 
 # --- scripts/slurm-local itself (no Slurm needed) ---------------------------------------------
