@@ -8,7 +8,8 @@ efficiency, the plan's point and band, the error; for each set (``tuning``: what
 chosen to hit whole runs were chosen on; ``held-out``: runs by others, the first test, since
 seen; ``held-out-2``: runs by others collected after that, never tuned against, its results
 seen; ``held-out-3``: runs by others collected after those were seen; ``held-out-4``: runs
-by others that leave their node, collected after held-out-3 was seen) the coverage
+by others that leave their node, collected after held-out-3 was seen; ``held-out-5``: runs by
+others collected after held-out-4 was seen) the coverage
 (the share of published figures inside their band, a figure standing for ± its ``pm``), the
 mean signed and absolute error, and the widest band.
 
@@ -210,7 +211,7 @@ MAX_SPAN = 0.15
 #: Which sets each residual is chosen on. ``share`` on the tuning set, every run of which
 #: leaves its node; ``share_node`` (every reduction inside one NVLink node) on the tuning set
 #: and the first held-out set, since the tuning set holds no such run: that set no longer
-#: tests it. ``held-out-2``, ``held-out-3`` and ``held-out-4`` are never tuned against.
+#: tests it. ``held-out-2`` to ``held-out-5`` are never tuned against.
 TUNED_ON = {"share": ("tuning",), "share_node": ("tuning", "held-out")}
 #: Every set some residual is chosen on.
 TUNED_SETS = tuple(dict.fromkeys(name for sets in TUNED_ON.values() for name in sets))
@@ -236,8 +237,8 @@ def tune_share(runs, defaults):
     the band: one plan per run at s = 0 serves the whole grid."""
     if any(run.set not in TUNED_SETS for run in runs):
         raise UsageError(f"--tune chooses defaults on the {' and '.join(TUNED_SETS)} sets "
-                         f"only; held-out-2, held-out-3 and held-out-4 are never tuned "
-                         f"against (give --set tuning)")
+                         f"only; held-out-2, held-out-3, held-out-4 and held-out-5 are "
+                         f"never tuned against (give --set tuning)")
     none = replace(defaults, figures={**defaults.figures, "share": exact(0.0, "none"),
                                       "share_node": exact(0.0, "none")})
     chosen = {}
