@@ -8,8 +8,9 @@ efficiency, the plan's point and band, the error; for each set (``tuning``: what
 chosen to hit whole runs were chosen on; ``held-out``: runs by others, the first test, since
 seen; ``held-out-2``: runs by others collected after that, never tuned against, its results
 seen; ``held-out-3``: runs by others collected after those were seen; ``held-out-4``: runs
-by others that leave their node, collected after held-out-3 was seen; held-out-2's and -4's
-DDP runs that leave their node choose ``share_ddp``) the coverage
+by others that leave their node, collected after held-out-3 was seen; ``held-out-5``: runs by
+others collected after held-out-4 was seen; held-out-2's and -4's DDP runs that leave
+their node choose ``share_ddp``) the coverage
 (the share of published figures inside their band, a figure standing for ± its ``pm``), the
 mean signed and absolute error, and the widest band.
 
@@ -212,8 +213,8 @@ MAX_SPAN = 0.15
 #: leaves its node; ``share_node`` (every reduction inside one NVLink node) on the tuning set
 #: and the first held-out set, since the tuning set holds no such run: that set no longer
 #: tests it; ``share_ddp`` (PyTorch's DDP, leaving the node) on the DDP runs of held-out-2 and
-#: held-out-4, the only sets with such runs: they no longer test it. The other sets are never
-#: tuned against.
+#: held-out-4, the only sets with such runs when it was chosen: they no longer test it. The
+#: other sets are never tuned against.
 TUNED_ON = {"share": ("tuning",), "share_node": ("tuning", "held-out"),
             "share_ddp": ("held-out-2", "held-out-4")}
 #: Every set some residual is chosen on.

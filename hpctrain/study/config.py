@@ -9,7 +9,8 @@ from ..options import check, option
 
 #: ``study calibrate``'s sets of published runs (:mod:`.calibration` reads them from here:
 #: this module stays light, for every command line's parse).
-CALIBRATION_SETS = ("tuning", "held-out", "held-out-2", "held-out-3", "held-out-4")
+CALIBRATION_SETS = ("tuning", "held-out", "held-out-2", "held-out-3", "held-out-4",
+                    "held-out-5")
 
 
 @dataclass
