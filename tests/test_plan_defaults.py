@@ -67,11 +67,6 @@ low = 0.02
 high = 0.1
 source = "whole runs"
 basis = "whole runs"
-[share_ddp]
-low = 0
-high = 0.02
-source = "DDP's runs"
-basis = "whole runs"
 [share_node]
 low = 0
 high = 0.04
@@ -98,8 +93,6 @@ def test_every_default_is_a_range_with_its_middle_its_source_and_its_basis():
     assert shipped.basis["share_node"] == "whole runs"
     assert "study calibrate --tune" in shipped.figures["share_node"].source
     assert "held-out" in shipped.figures["share_node"].source
-    assert shipped.basis["share_ddp"] == "whole runs"
-    assert "held-out-2 and held-out-4" in shipped.figures["share_ddp"].source
     # Inside one NVLink node less is unexplained than where reductions leave it.
     assert shipped.figures["share_node"].value < shipped.figures["share"].value
     assert shipped.path == "hpctrain/study/data/defaults.toml"     # no machine path
@@ -112,9 +105,8 @@ def test_a_link_inside_a_node_other_than_nvlink_takes_the_network_slowdown(tmp_p
     inputs = Overheads(slowdown=exact(1.5), slowdown_node=exact(3.0))
     assert (inputs.slowdown_at(1), inputs.slowdown_at(2)) == (3.0, 1.5)
     # And the residual of a step that leaves the node: PCIe crosses the host as a network does.
-    assert mine.overheads(nvlink=True).share_at(True) == mine.figures["share_node"]
-    assert mine.overheads(nvlink=False).share_at(True).value == pytest.approx(0.06)
-    assert mine.overheads(nvlink=False).share_at(True, "ddp").value == pytest.approx(0.01)
+    assert mine.overheads(nvlink=True).share_node == mine.figures["share_node"]
+    assert mine.overheads(nvlink=False).share_node.value == pytest.approx(0.06)
 
 
 def test_the_residual_inside_one_nvlink_node_is_its_own_share(tmp_path):
@@ -122,30 +114,21 @@ def test_the_residual_inside_one_nvlink_node_is_its_own_share(tmp_path):
     layers = [Layer("a", 8 << 20, 1.0), Layer("b", 8 << 20, 1.0)]
     cluster = planner.links_cluster(4, links.PRESETS["nvlink-v100"], links.PRESETS["ib-edr"])
 
-    def residuals(nvlink, policy):
-        rows = planner.plan(layers, 64, 200.0, cluster, 16, ["ring"], [policy],
+    def residuals(nvlink):
+        rows = planner.plan(layers, 64, 200.0, cluster, 16, ["ring"], ["ddp"],
                             overheads=mine.overheads(nvlink))
         return {row["np"]: row["residual_s"] / row["compute_s"] for row in rows}
-    # 1 rank: none; 2 and 4 inside one node: share_node's middle; 8 and 16 leave it: share's,
-    # or share_ddp's under DDP.
-    assert residuals(True, "horovod") == pytest.approx({1: 0, 2: 0.02, 4: 0.02, 8: 0.06,
-                                                        16: 0.06})
-    assert residuals(True, "ddp") == pytest.approx({1: 0, 2: 0.02, 4: 0.02, 8: 0.01, 16: 0.01})
-    assert residuals(False, "hpctrain") == pytest.approx({1: 0, 2: 0.06, 4: 0.06, 8: 0.06,
-                                                          16: 0.06})
-    assert residuals(False, "ddp") == pytest.approx({1: 0, 2: 0.01, 4: 0.01, 8: 0.01, 16: 0.01})
+    # 1 rank: none; 2 and 4 inside one node: share_node's middle; 8 and 16 leave it: share's.
+    assert residuals(True) == pytest.approx({1: 0, 2: 0.02, 4: 0.02, 8: 0.06, 16: 0.06})
+    assert residuals(False) == pytest.approx({1: 0, 2: 0.06, 4: 0.06, 8: 0.06, 16: 0.06})
     # A measured efficiency replaces both.
     calibrated = replace(mine.overheads(True), measured=exact(0.9), measured_p=2).solved(1.0, 1.0)
     assert calibrated.residual_s(1.0, 2, inside_node=True) == pytest.approx(1 / 0.9 - 1)
-    for gpus, intra, policy, term in ((8, "nvlink-v100", "ddp", "share_node"),
-                                      (16, "nvlink-v100", "ddp", "share_ddp"),
-                                      (16, "nvlink-v100", "horovod", "share"),
-                                      (8, "pcie3", "ddp", "share_ddp"),
-                                      (8, "pcie3", "horovod", "share")):
-        text = RUN.replace("gpus = 16", f"gpus = {gpus}").replace(
-            '"nvlink-v100"', f'"{intra}"').replace('policy = "ddp"', f'policy = "{policy}"')
+    for gpus, intra, term in ((8, "nvlink-v100", "share_node"), (16, "nvlink-v100", "share"),
+                              (8, "pcie3", "share")):
+        text = RUN.replace("gpus = 16", f"gpus = {gpus}").replace('"nvlink-v100"', f'"{intra}"')
         (run,) = calibration.load(write(tmp_path, text, "runs.toml"))
-        assert calibration.residual_term(run) == term, (gpus, intra, policy)
+        assert calibration.residual_term(run) == term, (gpus, intra)
 
 
 @pytest.mark.parametrize("edit, message", [
@@ -348,7 +331,8 @@ def test_scores_count_the_band_with_the_published_figures_precision():
 
 def test_tuning_refuses_the_sets_never_tuned_against_and_chooses_the_narrowest_best_ranges():
     runs = calibration.load()
-    with pytest.raises(UsageError, match="held-out-3 and held-out-5 are never tuned against"):
+    with pytest.raises(UsageError, match="held-out-2, held-out-3, held-out-4 and held-out-5 are "
+                                         "never tuned against"):
         calibration.tune_share(runs, defaults.load())
     tuning = [r for r in runs if r.set == "tuning"][:2]
     ((low, high), (most, count)), = calibration.tune_share(tuning, defaults.load()).values()
@@ -364,13 +348,6 @@ def test_tuning_refuses_the_sets_never_tuned_against_and_chooses_the_narrowest_b
     # The shipped defaults are what the command chooses.
     shipped = defaults.load().figures
     assert (shipped["share_node"].low, shipped["share_node"].high) == (low, high)
-    # share_ddp on the DDP runs that leave their node, of held-out-2 and held-out-4 alone.
-    ddp = [r for r in runs if r.set in ("held-out-2", "held-out-4")]
-    chosen = calibration.tune_share(ddp, defaults.load())
-    assert set(chosen) == {"share_ddp"}
-    (low, high), (most, count) = chosen["share_ddp"]
-    assert count == sum(r.policy == "ddp" and r.gpus > r.ranks_per_node for r in ddp) == 8
-    assert (shipped["share_ddp"].low, shipped["share_ddp"].high) == (low, high)
 
 
 def test_horovods_six_with_planning_inputs_only_lie_inside_their_bands():

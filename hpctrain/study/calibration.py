@@ -9,8 +9,7 @@ chosen to hit whole runs were chosen on; ``held-out``: runs by others, the first
 seen; ``held-out-2``: runs by others collected after that, never tuned against, its results
 seen; ``held-out-3``: runs by others collected after those were seen; ``held-out-4``: runs
 by others that leave their node, collected after held-out-3 was seen; ``held-out-5``: runs by
-others collected after held-out-4 was seen; held-out-2's and -4's DDP runs that leave
-their node choose ``share_ddp``) the coverage
+others collected after held-out-4 was seen) the coverage
 (the share of published figures inside their band, a figure standing for ± its ``pm``), the
 mean signed and absolute error, and the widest band.
 
@@ -212,11 +211,8 @@ MAX_SPAN = 0.15
 #: Which sets each residual is chosen on. ``share`` on the tuning set, every run of which
 #: leaves its node; ``share_node`` (every reduction inside one NVLink node) on the tuning set
 #: and the first held-out set, since the tuning set holds no such run: that set no longer
-#: tests it; ``share_ddp`` (PyTorch's DDP, leaving the node) on the DDP runs of held-out-2 and
-#: held-out-4, the only sets with such runs when it was chosen: they no longer test it. The
-#: other sets are never tuned against.
-TUNED_ON = {"share": ("tuning",), "share_node": ("tuning", "held-out"),
-            "share_ddp": ("held-out-2", "held-out-4")}
+#: tests it. The other sets are never tuned against.
+TUNED_ON = {"share": ("tuning",), "share_node": ("tuning", "held-out")}
 #: Every set some residual is chosen on.
 TUNED_SETS = tuple(dict.fromkeys(name for sets in TUNED_ON.values() for name in sets))
 #: The sets never tuned against.
@@ -225,11 +221,10 @@ UNTUNED_SETS = tuple(name for name in SETS if name not in TUNED_SETS)
 
 def residual_term(run):
     """The default residual a run's plan takes: ``share_node`` where every reduction stays
-    inside one NVLink node, else ``share_ddp`` under DDP, ``share`` under the others."""
+    inside one NVLink node, else ``share``."""
     inside_node = run.gpus <= run.ranks_per_node
-    if inside_node and links.link(run.intra, "intra").name.startswith("nvlink"):
-        return "share_node"
-    return "share_ddp" if run.policy == "ddp" else "share"
+    return "share_node" if inside_node and links.link(run.intra, "intra").name.startswith(
+        "nvlink") else "share"
 
 
 def tune_share(runs, defaults):
@@ -243,9 +238,9 @@ def tune_share(runs, defaults):
     a share s is ``1 / (1 / e0 + s)`` where e0 is its efficiency without one, at each end of
     the band: one plan per run at s = 0 serves the whole grid."""
     if any(run.set not in TUNED_SETS for run in runs):
-        raise UsageError(f"--tune chooses defaults on the {', '.join(TUNED_SETS)} sets "
-                         f"only; {' and '.join(UNTUNED_SETS)} are never tuned against "
-                         f"(give --set tuning)")
+        never = f"{', '.join(UNTUNED_SETS[:-1])} and {UNTUNED_SETS[-1]}"
+        raise UsageError(f"--tune chooses defaults on the {' and '.join(TUNED_SETS)} sets "
+                         f"only; {never} are never tuned against (give --set tuning)")
     none = replace(defaults, figures={**defaults.figures,
                                       **dict.fromkeys(TUNED_ON, exact(0.0, "none"))})
     chosen = {}

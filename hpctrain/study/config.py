@@ -214,8 +214,8 @@ class CalibrateStudy:
     tune: bool = option(False, "instead: choose the residuals' default ranges, the narrowest "
                                "that put the most runs inside their band: share on the tuning "
                                "set, share_node (one NVLink node) on the tuning and held-out "
-                               "sets, share_ddp on the DDP runs of held-out-2 and -4; the "
-                               "other sets never (with --set all: the sets tuned on)",
+                               "sets; held-out-2 to -5 never (with --set all: the sets "
+                               "tuned on)",
                         flag=True)
     out: str = option(os.path.join("runs", "calibrate"), "folder for calibration.md and "
                                                          "calibration.json")

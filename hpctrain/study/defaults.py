@@ -24,7 +24,7 @@ PATH = os.path.join(os.path.dirname(__file__), "data", "defaults.toml")
 SHIPPED = "hpctrain/study/data/defaults.toml"
 #: Every entry the file must have, in the order the plan lists them.
 TERMS = ("spread", "slowdown", "slowdown_node", "update_s", "tensor_s", "rank_s", "framework_ddp",
-         "framework_hpctrain", "framework_horovod", "share", "share_ddp", "share_node")
+         "framework_hpctrain", "framework_horovod", "share", "share_node")
 #: How a range was chosen.
 BASES = {"term": "from the term's own measurements",
          "argument": "from how the step works",
@@ -35,7 +35,6 @@ EXAMPLE = ('[slowdown] low = 1.015, high = 1.036, source = "NVIDIA/nccl#689", '
 #: How each term reads: its unit and the factor to it.
 UNITS = {"spread": (" %", 100), "update_s": (" ms", 1e3), "tensor_s": (" µs", 1e6),
          "rank_s": (" µs", 1e6), "share": (" % of compute", 100),
-         "share_ddp": (" % of compute", 100),
          **dict.fromkeys(FRAMEWORK_TERMS, (" µs per gradient", 1e6)),
          "share_node": (" % of compute", 100)}
 #: The smallest value each entry may take (a slowdown is a factor of at least 1).
@@ -59,7 +58,8 @@ class Defaults:
         figures = dict(self.figures)
         if not nvlink:
             figures["slowdown_node"] = replace(figures["slowdown"])
-        return Overheads(**figures, node_share=nvlink)
+            figures["share_node"] = replace(figures["share"])
+        return Overheads(**figures)
 
     def describe(self, term):
         """``(range text, source, basis in words)`` of ``term``."""

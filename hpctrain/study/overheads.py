@@ -28,10 +28,9 @@ p ranks pays besides computing and reducing, each with its stated uncertainty.
   does, the optimistic end keeps it, and the value is halfway (:meth:`Overheads.residual_s`).
   Without a measurement, ``share``: a share of compute that runs of this kind lose and no
   term explains, the same at every p > 1 whose reductions leave the node (a default from
-  published whole runs, :mod:`.defaults`); ``share_ddp`` the same under PyTorch's DDP, whose
-  published runs lose less there than Horovod's; ``share_node`` where every reduction stays
-  inside one NVLink node (a reduction there never crosses the host's PCIe, its CPU or a
-  network adapter, where what the residual stands for happens: :meth:`Overheads.share_at`).
+  published whole runs, :mod:`.defaults`); ``share_node`` where every reduction stays inside
+  one node (over NVLink a reduction never crosses the host's PCIe, its CPU or a network
+  adapter, where what the residual stands for happens: :meth:`Overheads.share_at`).
 
 Every input is a :class:`Figure`: a value and its low and high.
 """
@@ -111,9 +110,7 @@ class Overheads:
 
     ``measured`` is an efficiency measured at ``measured_p`` ranks (0: none); ``residual``
     the share of compute it leaves beyond the other terms there, once :meth:`solved`;
-    ``end`` which end of the band these inputs stand for (:meth:`at`); ``node_share``
-    whether :attr:`share_node` applies to a step inside one node (its reductions over NVLink;
-    over PCIe they cross the host as those between nodes do: :meth:`share_at`)."""
+    ``end`` which end of the band these inputs stand for (:meth:`at`)."""
 
     spread: Figure = field(default_factory=lambda: exact(0.0, "not given"))
     update_s: Figure = field(default_factory=lambda: exact(0.0, "not given"))
@@ -124,14 +121,12 @@ class Overheads:
     measured: Figure = field(default_factory=lambda: exact(0.0, "not given"))
     share: Figure = field(default_factory=lambda: exact(0.0, "not given"))
     share_node: Figure = field(default_factory=lambda: exact(0.0, "not given"))
-    share_ddp: Figure = field(default_factory=lambda: exact(0.0, "not given"))
     framework_ddp: Figure = field(default_factory=lambda: exact(0.0, "not given"))
     framework_hpctrain: Figure = field(default_factory=lambda: exact(0.0, "not given"))
     framework_horovod: Figure = field(default_factory=lambda: exact(0.0, "not given"))
     measured_p: int = 0
     residual: float = 0.0
     end: str = "point"
-    node_share: bool = True
 
     def figure_names(self):
         """The names of the inputs that are :class:`Figure` s."""
@@ -183,30 +178,26 @@ class Overheads:
             return self
         return replace(self, residual=max(0.0, 1.0 / self.measured.value - step_s / compute_s))
 
-    def residual_s(self, compute_s, p, inside_node=False, policy="horovod"):
+    def residual_s(self, compute_s, p, inside_node=False):
         """The residual's seconds at ``p`` ranks for a step computing ``compute_s``: the
         share :meth:`solved` found, as it was at the measured scale (the optimistic end),
         grown as the slowest of p is (E[max of p] over E[max of the measured p], the
         pessimistic end), or halfway (the value); 0 at one rank. Without a measurement,
         :meth:`share_at` of compute (``inside_node``: every reduction stays inside one
-        node; ``policy``: the gradient policy)."""
+        node)."""
         if p < 2:
             return 0.0
         if not self.calibrated:
-            return self.share_at(inside_node, policy).value * compute_s
+            return self.share_at(inside_node).value * compute_s
         grown = expected_max(p) / expected_max(self.measured_p)
         weight = {"low": max(1.0, grown), "high": min(1.0, grown)}.get(self.end,
                                                                        (1.0 + grown) / 2)
         return self.residual * compute_s * weight
 
-    def share_at(self, inside_node, policy="horovod"):
+    def share_at(self, inside_node):
         """The residual's share of compute without a measurement: :attr:`share_node` where
-        every reduction stays inside one NVLink node (``inside_node`` and
-        :attr:`node_share`), else :attr:`share_ddp` under DDP (``policy``), :attr:`share`
-        under the others."""
-        if inside_node and self.node_share:
-            return self.share_node
-        return self.share_ddp if policy == "ddp" else self.share
+        every reduction stays inside one node, else :attr:`share`."""
+        return self.share_node if inside_node else self.share
 
     def slowdown_at(self, nodes):
         """Backward's slowdown factor beside a reduction of a step over ``nodes`` nodes."""

@@ -28,7 +28,6 @@ INPUT_WORDS = {"rate": "one device's rate", "intra": "the link inside a node",
                "tensor_s": "the negotiation per tensor", "rank_s": "the negotiation per rank",
                "share": "the residual no term explains",
                "share_node": "the residual no term explains inside a node",
-               "share_ddp": "the residual no term explains under DDP",
                "framework_ddp": "DDP's own work per step",
                "framework_hpctrain": "hpctrain's own work per step",
                "framework_horovod": "Horovod's own work per step",
@@ -50,7 +49,6 @@ NARROWING = {"rate": "one device's rate measured on it (--samples-per-s VALUE, o
              "rank_s": "--negotiation-rank-us measured at two or more scales",
              "share": "a two-node run into --measured-efficiency",
              "share_node": "a two-GPU run into --measured-efficiency",
-             "share_ddp": "a two-node run into --measured-efficiency",
              **dict.fromkeys(FRAMEWORK_TERMS,
                              "--framework-us from one device's step with and without the "
                              "framework's wrapper"),
@@ -133,14 +131,14 @@ def _overhead_lines(overheads):
 
 
 def _residual_text(o):
+    if not o.calibrated and o.share_node == o.share:
+        return (f"{o.share.describe(' %', 100)} of compute at every p > 1 ({o.share.source}; "
+                f"--measured-efficiency replaces it)")
     if not o.calibrated:
-        inside = (f"; {o.share_node.describe(' %', 100)} where every reduction stays inside "
-                  f"a node ({o.share_node.source})" if o.node_share else "")
-        where = " whose reductions leave the node" if o.node_share else ""
-        return (f"{o.share.describe(' %', 100)} of compute at every p > 1{where} "
-                f"({o.share.source}); {o.share_ddp.describe(' %', 100)} "
-                f"there under DDP ({o.share_ddp.source}){inside}; --measured-efficiency "
-                f"replaces {'all three' if o.node_share else 'both'}")
+        return (f"{o.share.describe(' %', 100)} of compute at every p > 1 whose reductions "
+                f"leave the node ({o.share.source}); {o.share_node.describe(' %', 100)} where "
+                f"every reduction stays inside a node ({o.share_node.source}); "
+                f"--measured-efficiency replaces both")
     return (f"efficiency {o.measured.describe(' %', 100)} measured at {o.measured_p} ranks "
             f"({o.measured.source}) leaves {100 * o.residual:.1f} % of compute that no term "
             f"above explains there; carried to every p > 1 halfway between staying and "

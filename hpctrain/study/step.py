@@ -185,8 +185,7 @@ def predict(grads, forward_s, backward_s, p, cluster, algo, policy, bucket_mb=25
                                                                           reduction),
              "tail_s": overheads.update_s.value * late / total,
              "straggler_s": overheads.spread.value * compute * expected_max(p),
-             "residual_s": overheads.residual_s(compute, p, inside_node=nodes == 1,
-                                               policy=policy)}
+             "residual_s": overheads.residual_s(compute, p, inside_node=nodes == 1)}
     return {"np": p, "nodes": nodes, "algo": algo, "policy": policy,
             "bucket_mb": bucket_mb if policy == "hpctrain" else None, **terms,
             "step_s": sum(terms.values()),
