@@ -170,3 +170,40 @@ def test_data_cli_writes_both_kinds(tmp_path):
         assert (len(data), data.sample_shape, data.num_classes) == (100, (2, 3), 4)
     result = run("synthetic", "--samples", "10", "--shape", "0x3", "--out", str(tmp_path / "x"))
     assert result.returncode == 2 and "bad sample shape" in result.stderr
+
+
+def test_bad_data_is_found_before_torch_is_imported(tmp_path):
+    # `hpctrain train` runs these checks before it imports torch (1.4 s of CPU in every rank
+    # of a launch that then only prints a verdict); build must stay importable without it.
+    code = ("import sys; from hpctrain.train import TrainConfig, build; "
+            "from hpctrain.errors import UsageError\n"
+            f"config = TrainConfig(data={str(tmp_path / 'nothing.h5')!r})\n"
+            "try:\n    build.check_without_torch(config, 0, 2)\n"
+            "except UsageError as exc:\n    print(exc)\n"
+            "print('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert done.stdout.splitlines() == [
+        f"data file {str(tmp_path / 'nothing.h5')!r} does not exist (prepare one with 'hpctrain "
+        f"data prepare digits' or 'hpctrain data synthetic')", "False"], done.stdout + done.stderr
+
+
+def test_the_checks_before_torch_stop_where_torch_or_a_collective_is_needed(tmp_path,
+                                                                               monkeypatch):
+    # A checkpoint to resume (torch.load), an --elastic run (it resumes one), a torch dataset
+    # and the digits file that start-up prepares (a barrier) come before the data checks in
+    # train's order, or replace them: the early checks leave those to train.
+    from hpctrain.train import TrainConfig, build
+
+    def opened(*args):
+        raise AssertionError("the data file was opened")
+
+    monkeypatch.setattr(build, "HDF5Dataset", opened)
+    missing = str(tmp_path / "nothing.h5")
+    for config in (TrainConfig(data=missing, resume="auto"), TrainConfig(data=missing,
+                                                                        elastic=True),
+                   TrainConfig(data=missing, dataset="mymodule:data"),
+                   TrainConfig(data=str(tmp_path / "digits.h5"))):
+        build.check_without_torch(config, 0, 2)
+    with pytest.raises(UsageError, match="needs at least 2 ranks"):
+        build.check_without_torch(TrainConfig(data=missing, regime="async-server"), 0, 1)

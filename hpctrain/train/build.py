@@ -1,19 +1,55 @@
 """Building a run from its configuration: checks, sampler, model, optimizer, regime, device.
 
 Everything here but :func:`make_regime` and :func:`device` is local (no communication), so
-that bad input raises ``UsageError`` on every rank alike before the first collective.
+that bad input raises ``UsageError`` on every rank alike before the first collective. This
+module imports no torch (the model and optimizer import it when built): ``hpctrain train``
+runs :func:`check_without_torch` before it, so that bad input costs no rank torch's import.
 """
 
 import importlib
 
-import torch
-
+from ..data import HDF5Dataset, digits, split_indices
 from ..devices import rank_device
 from ..errors import UsageError
 from ..gpu_checks import check_cuda_visible, check_horovod_cuda
 from ..models import build_model
 from ..sampler import GlobalBatchSampler
+from . import tensorboard
 from .config import REGIMES, checkpoint_interval
+
+
+def check_without_torch(config, rank, size):
+    """Local, no communication, no torch: ``UsageError`` if this rank's first problem is one
+    that :class:`hpctrain.train.loop.Run`'s checks find before they need torch.
+
+    The same checks in the same order, up to the first that needs torch (a checkpoint to
+    resume, a torch dataset, the model) or the digits file that start-up may prepare. A
+    rank that fails here would fail there with the same message: ``hpctrain train`` joins
+    the start-up verdict with it without importing torch (1.4 s of CPU per rank). A rank
+    that passes goes on to the whole checks, these again included (the file is opened and
+    its labels scanned twice: milliseconds).
+    """
+    check_run(config, rank, size)
+    if (config.resume or config.elastic or config.dataset
+            or digits.is_auto_prepared(config.data)):
+        return
+    with HDF5Dataset(config.data, config.x, config.y) as dataset:
+        split_and_sample(config, len(dataset), rank, size)
+
+
+def check_run(config, rank, size):
+    """The first local checks of a run: the world size against the regime and device, and
+    on rank 0 the ``--tensorboard`` folder (only rank 0 writes there)."""
+    check_world(config, size)
+    if config.tensorboard_path is not None and rank == 0:
+        tensorboard.check(config.tensorboard_path)
+
+
+def split_and_sample(config, num_rows, rank, size):
+    """The training and validation rows of a data set of ``num_rows`` rows, and this rank's
+    sampler over the training rows: ``(train_rows, val_rows, sampler)``."""
+    train_rows, val_rows = split_indices(num_rows, config.val_fraction, config.split_seed)
+    return train_rows, val_rows, make_sampler(config, len(train_rows), rank, size)
 
 
 def check_world(config, size):
@@ -67,6 +103,8 @@ def make_model(config, dataset):
 
 def optimizer_factory(config):
     """``params -> optimizer`` as the configuration says (SGD with momentum, or Adam)."""
+    import torch
+
     if config.optimizer == "adam":
         return lambda params: torch.optim.Adam(params, lr=config.lr,
                                                weight_decay=config.weight_decay)

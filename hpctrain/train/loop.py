@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from .. import elastic_job
 from .. import faults
-from ..data import HDF5Dataset, digits, split_indices
+from ..data import HDF5Dataset, digits
 from ..data.torch_dataset import TorchDataset
 from ..errors import UsageError
 from ..runtime import agree_with_root, checks
@@ -243,9 +243,7 @@ class Run:
         one) and its settings, and with ``open_data`` the data and what is built from it.
         Return the checkpoint as ``(path, state)``, or ``(None, None)``. Bad input raises
         ``UsageError``."""
-        build.check_world(config, self.size)
-        if config.tensorboard_path is not None and self.rank == 0:
-            tensorboard.check(config.tensorboard_path)     # only rank 0 writes there
+        build.check_run(config, self.rank, self.size)
         resume_path, saved = checkpoint.find(config.resume, config.run_path)
         if saved is not None:
             resume.check_checkpoint(saved, config, self.size, resume_path)
@@ -257,9 +255,8 @@ class Run:
 
     def _build_from_data(self, config, dataset, prepared):
         """The split, the sampler and the model, each checked against the data (local)."""
-        train_rows, val_rows = split_indices(len(dataset), config.val_fraction,
-                                             config.split_seed)
-        sampler = build.make_sampler(config, len(train_rows), self.rank, self.size)
+        train_rows, val_rows, sampler = build.split_and_sample(config, len(dataset), self.rank,
+                                                               self.size)
         random.seed(config.seed)
         np.random.seed(config.seed)
         torch.manual_seed(config.seed)
