@@ -27,11 +27,20 @@ CASE_NP = 2   # every case; a few at 1 and 4 too
 NP_ALLREDUCE = 2
 # s, from launch to exit, start-up included. Idle, a launch took 4.1-6.2 s at np 1..4: Python
 # and torch starting in every rank (3.4 s at np 1, 6.1 s at np 4 on 2 cores), then mpirun's
-# 1 s grace after a non-zero exit; with other jobs on the 2 cores, up to ~15 s. A path that
-# waits for something (the stall watchdog's 60 s, a hang's HANG) still fails it.
+# 1 s grace after a non-zero exit (not for a verdict: VERDICT_ENV); with other jobs on the 2
+# cores, up to ~15 s. A path that waits for something (the stall watchdog's 60 s, a hang's
+# HANG) still fails it.
 WITHIN = 30
 HANG = 120    # s: the mpirun fixture kills a launch that takes longer and fails the test
 ABORTED = ("MPI_ABORT", "MPI_Abort", "[hpctrain] rank")  # an abort's banner, a rank's failure
+#: mpirun's environment for a launch that ends in a verdict. Every rank ends through
+#: MPI_Finalize, whose fence no rank leaves before rank 0 has printed the verdict, so when the
+#: first rank exits (status 2) nothing is left to lose: Open MPI's kill grace
+#: (odls_base_sigkill_timeout, a second between SIGCONT, SIGTERM and SIGKILL to the ranks it
+#: still counts, the one that exited among them) would only add one or two seconds by chance.
+#: Without it every rank that has not printed would be killed at once, so these launches also
+#: check that the verdict is out before any rank exits.
+VERDICT_ENV = {"OMPI_MCA_odls_base_sigkill_timeout": "0"}
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +146,7 @@ def test_bad_input_is_one_verdict(mpirun, hpctrain_cmd, files, tmp_path, case):
     run_dir = tmp_path / "run"
     command = train_command(hpctrain_cmd, files, run_dir,
                             *[o.format(root=files) for o in options])
-    run = mpirun(CASE_NP, command, timeout=HANG)
+    run = mpirun(CASE_NP, command, timeout=HANG, env=VERDICT_ENV)
     # A case may hold several excerpts of one message: check the first one's line.
     assert_one_verdict(run, messages[0].format(root=files, np=CASE_NP))
     for message in messages[1:]:
@@ -155,7 +164,8 @@ EVERY_NP = ("missing file", "unknown option", "checkpoint of another configurati
 def test_one_verdict_at_every_rank_count(mpirun, hpctrain_cmd, files, tmp_path, case, np):
     options, message, *_ = CASES[case]
     run = mpirun(np, train_command(hpctrain_cmd, files, tmp_path / "run",
-                                   *[o.format(root=files) for o in options]), timeout=HANG)
+                                   *[o.format(root=files) for o in options]), timeout=HANG,
+                 env=VERDICT_ENV)
     assert_one_verdict(run, message.format(root=files, np=np))
     assert not (tmp_path / "run").exists()
 
@@ -173,7 +183,8 @@ def test_a_file_missing_on_one_rank_is_named_once(mpirun, hpctrain_cmd, files, t
     for rank in (0, 2):
         (tmp_path / f"data.{rank}.h5").write_bytes((files / "good.h5").read_bytes())
     run = mpirun(NP, per_rank(train_command(hpctrain_cmd, files, tmp_path / "run",
-                                            f"--data={tmp_path}/data.$RANK.h5")), timeout=HANG)
+                                            f"--data={tmp_path}/data.$RANK.h5")), timeout=HANG,
+                 env=VERDICT_ENV)
     assert_one_verdict(run, f"error: data file '{tmp_path}/data.1.h5' does not exist (prepare "
                             f"one with 'hpctrain data prepare digits' or 'hpctrain data "
                             f"synthetic') (rank 1 of {NP})")
@@ -187,7 +198,8 @@ def test_a_config_file_unreadable_on_some_ranks(mpirun, hpctrain_cmd, files, tmp
     for rank in (0, 2):
         (tmp_path / f"c.{rank}.toml").write_text("epochs = 1\nlearning_rate = 0.1\n")
     run = mpirun(NP, per_rank(train_command(hpctrain_cmd, files, tmp_path / "run",
-                                            f"--config={tmp_path}/c.$RANK.toml")), timeout=HANG)
+                                            f"--config={tmp_path}/c.$RANK.toml")), timeout=HANG,
+                 env=VERDICT_ENV)
     assert_one_verdict(run, f"error: unknown configuration key 'learning_rate' in {tmp_path}/"
                             f"c.0.toml", f"error: unknown configuration key 'learning_rate' in "
                                          f"{tmp_path}/c.2.toml")
@@ -202,7 +214,7 @@ def test_the_message_is_on_stderr(mpirun, hpctrain_cmd, files, tmp_path):
     command = [*hpctrain_cmd, "train", f"--data={files}/nothing.h5", "--progress=never",
                f"--run-dir={tmp_path / 'run'}"]
     run = mpirun(NP, ["sh", "-c", 'exec "$@" 2>"$0.$OMPI_COMM_WORLD_RANK"', errors, *command],
-                 timeout=HANG)
+                 timeout=HANG, env=VERDICT_ENV)
     assert run.returncode == 2, run.output
     message = f"error: data file '{files}/nothing.h5' does not exist"
     texts = [(tmp_path / f"stderr.{rank}").read_text() for rank in range(NP)]
@@ -269,7 +281,7 @@ def test_bad_allreduce_arguments_end_every_rank(mpirun, case, algo):
 def test_async_server_on_one_rank_names_the_rank_count(mpirun, hpctrain_cmd, files, tmp_path):
     # The one layout in training that a rank count cannot use: a server and no worker.
     run = mpirun(1, [*hpctrain_cmd, "train", f"--data={files}/good.h5", "--regime=async-server",
-                     f"--run-dir={tmp_path / 'run'}"], timeout=HANG)
+                     f"--run-dir={tmp_path / 'run'}"], timeout=HANG, env=VERDICT_ENV)
     assert run.returncode == 2
     assert "--regime async-server needs at least 2 ranks: rank 0 serves, the others train" \
         in run.output
