@@ -201,6 +201,17 @@ def test_the_frameworks_own_work_defaults_per_policy_and_is_given_once_for_all(t
         (19e-6, 48e-6)
 
 
+def test_unexplained_is_the_residual_that_would_put_the_point_on_the_published_figure(
+        tmp_path):
+    (run,) = calibration.load(write(tmp_path, RUN, "runs.toml"))
+    mine = defaults.load(write(tmp_path, GOOD))
+    (row,) = calibration.calibrate([run], mine)
+    assert calibration.residual_term(run) == "share" and row["unexplained"] > 0
+    assert row["point"] != pytest.approx(row["published"])
+    fitted = replace(mine, figures={**mine.figures, "share": exact(row["unexplained"])})
+    assert calibration.predict(run, fitted)["point"] == pytest.approx(row["published"])
+
+
 def test_a_rate_measured_under_the_wrapper_is_not_charged_the_wrapper_again(tmp_path):
     wrapped = RUN.replace('policy = "ddp"', 'policy = "ddp"\nrate_with_wrapper = true')
     (run,) = calibration.load(write(tmp_path, wrapped, "wrapped.toml"))

@@ -271,15 +271,21 @@ def inside(row):
 
 
 def calibrate(runs, defaults):
-    """One row per run: its inputs, published, point, band, error (point - published)."""
+    """One row per run: its inputs, published, point, band, error (point - published), and
+    ``unexplained``: the share of compute the published run lost beyond every term but the
+    residual (1 / published - 1 / the point without its residual), what a residual would
+    have to be for the point to meet it."""
     rows = []
     for run in runs:
         planned = predict(run, defaults)
+        # The residual adds its share of compute to the step: 1 / point = 1 / e0 + share.
+        share = defaults.figures[residual_term(run)].value
         rows.append({"id": run.id, "set": run.set, "model": run.model, "gpus": run.gpus,
                      "links": f"{run.ranks_per_node} x {run.intra}, {run.inter}",
                      "policy": run.policy, "rate": run.rate.describe(),
                      "published": run.efficiency, "pm": run.pm, **planned,
                      "error": planned["point"] - run.efficiency,
+                     "unexplained": 100 / run.efficiency - 100 / planned["point"] + share,
                      "framework": run.framework, "source": run.source})
         rows[-1]["inside"] = inside(rows[-1])
     return rows
